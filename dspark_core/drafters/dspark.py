@@ -1,0 +1,155 @@
+"""DSpark (parallel backbone + sequential head + confidence head) and DFlash (the backbone alone).
+
+Backbone: the target's raw hidden states of several layers, concatenated, go through a bias-free
+`fc` and `hidden_norm` once per position; in every draft layer those fused context features become
+extra keys/values through that layer's own k/v projections. The block holds the anchor (last
+committed token) and γ−1 mask tokens at positions anchor … anchor+γ−1, attends bidirectionally
+within itself and to every context position before the anchor, and slot j predicts the token after
+position anchor+j. Embeddings and LM head are frozen copies of the target's.
+
+Head: p_d(x_k | x_{k−1}) = softmax(U_k + B_k(x_{k−1})); the first previous token is the anchor.
+Confidence: c_k = Linear([h_k ; W1[x_{k−1}]]).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from dspark_core.distributions import draw_uniforms, logits_to_probs, sample_from_probs
+from dspark_core.drafters.base import DraftProposal, DraftStep
+from dspark_core.drafters.config import DraftConfig
+from dspark_core.drafters.heads import SEQUENTIAL_HEADS, ConfidenceHead
+from dspark_core.drafters.layers import DraftDecoderLayer, FrozenTargetEmbeddings, RMSNorm
+from dspark_core.kv_slots import KVSlots
+
+
+class DSparkModel(FrozenTargetEmbeddings):
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.fc = nn.Linear(c.num_target_features * c.target_hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DraftDecoderLayer(
+                c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_kv_heads,
+                c.head_dim, c.rms_norm_eps, c.rope_theta,
+            )
+            for _ in range(c.num_layers)
+        )
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.markov_head = SEQUENTIAL_HEADS[c.head](c.vocab_size, c.markov_rank, c.hidden_size) if c.head != "none" else None
+        self.confidence_head = ConfidenceHead(c.hidden_size, c.markov_rank) if c.confidence_head else None
+
+    def fuse(self, features: Tensor) -> Tensor:
+        """[..., n·target_hidden] raw target hidden states → [..., hidden] context features."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def context_kv(self, fused: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Per layer: keys/values [batch, kv_heads, seq, head_dim] of fused context features."""
+        return [layer.self_attn.project_kv(fused, positions) for layer in self.layers]
+
+    def backbone(
+        self, block_ids: Tensor, positions: Tensor, ctx_kv: list[tuple[Tensor, Tensor]], attn_mask: Tensor
+    ) -> Tensor:
+        """block_ids/positions [batch, n] → final-normed h [batch, n, hidden]."""
+        x = self.embed_tokens(block_ids)
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            x = layer(x, positions, k, v, attn_mask)
+        return self.norm(x)
+
+    def head_outputs(
+        self, h: Tensor, prev_ids: Tensor, head_state: Tensor | None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """One block position: h [..., hidden], prev_ids [...] → logits [..., vocab], confidence logit, state."""
+        logits = self.lm_head(h).float()
+        if self.markov_head is None:
+            return logits, None, head_state
+        bias, head_state = self.markov_head.bias(prev_ids, h, head_state)
+        conf = None
+        if self.confidence_head is not None:
+            conf = self.confidence_head(h, self.markov_head.markov_w1(prev_ids))
+        return logits + bias.float(), conf, head_state
+
+    def teacher_forced(self, h: Tensor, prev_ids: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Training: h [batch, n, hidden], prev_ids [batch, n] (true previous tokens) → logits, conf."""
+        state = self.markov_head.init_state(h.shape[0], h.device) if self.markov_head is not None else None
+        if self.markov_head is None or state is None:  # stateless heads: all positions at once
+            logits, conf, _ = self.head_outputs(h, prev_ids, None)
+            return logits, conf
+        outs, confs = [], []
+        for k in range(h.shape[1]):
+            logits, conf, state = self.head_outputs(h[:, k], prev_ids[:, k], state)
+            outs.append(logits)
+            confs.append(conf)
+        conf_t = torch.stack(confs, dim=1) if confs[0] is not None else None
+        return torch.stack(outs, dim=1), conf_t
+
+
+class DSparkDrafter:
+    """Drafter protocol over a `DSparkModel`; DFlash is the same with head='none'."""
+
+    def __init__(self, model: DSparkModel):
+        self.model = model.eval()
+        self.config = model.config
+        self.name = model.config.method
+        self.target_layer_ids = model.config.target_layer_ids
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.fc.weight.device
+
+    def start(self, num_slots: int, capacity: int) -> KVSlots:
+        """Per-slot, per-layer keys/values of the fused context features, grown by `observe`."""
+        c = self.config
+        return KVSlots.allocate(
+            c.num_layers, num_slots, c.num_kv_heads, capacity, c.head_dim, self.model.fc.weight.dtype, self.device
+        )
+
+    def reset(self, state: KVSlots, rows: Tensor) -> None:
+        state.lengths[rows] = 0
+
+    @torch.no_grad()
+    def observe(self, state: KVSlots, rows: Tensor, token_ids: Tensor, features: Tensor, num_new: Tensor) -> None:
+        positions = state.lengths[rows][:, None] + torch.arange(features.shape[1], device=self.device)[None, :]
+        state.append(rows, self.model.context_kv(self.model.fuse(features), positions), num_new)
+
+    @torch.no_grad()
+    def propose(self, state: KVSlots, step: DraftStep) -> DraftProposal:
+        rows, n = step.rows, step.num_drafts
+        num_rows = len(rows)
+        anchor_pos = step.anchor_positions
+        ctx_len = state.lengths[rows]
+        if bool((ctx_len != anchor_pos).any()):
+            raise RuntimeError("drafter context out of step with committed tokens: observe() was missed")
+        block_ids = torch.full((num_rows, n), self.config.mask_token_id, dtype=torch.long, device=self.device)
+        block_ids[:, 0] = step.anchor_ids
+        positions = anchor_pos[:, None] + torch.arange(n, device=self.device)[None, :]
+        max_ctx = int(ctx_len.max()) if num_rows else 0
+        ctx_valid = state.valid_mask(rows, max_ctx)  # [R, max_ctx]
+        attn_mask = torch.cat(
+            [ctx_valid[:, None, :].expand(-1, n, -1), torch.ones(num_rows, n, n, dtype=torch.bool, device=self.device)],
+            dim=2,
+        )  # block: bidirectional within itself, and to every context position before the anchor
+        h = self.model.backbone(block_ids, positions, state.gather(rows, max_ctx), attn_mask)  # [R, n, hidden]
+
+        uniforms = draw_uniforms(step.generators, n, self.device)  # [R, n]
+        prev = step.anchor_ids
+        head_state = (
+            self.model.markov_head.init_state(num_rows, self.device) if self.model.markov_head is not None else None
+        )
+        tokens, probs, confs = [], [], []
+        for k in range(n):
+            logits, conf, head_state = self.model.head_outputs(h[:, k], prev, head_state)
+            p = logits_to_probs(logits, step.temperatures)
+            prev = sample_from_probs(p, uniforms[:, k])
+            tokens.append(prev)
+            probs.append(p)
+            confs.append(conf)
+        return DraftProposal(
+            token_ids=torch.stack(tokens, dim=1),
+            draft_probs=torch.stack(probs, dim=1),
+            confidence_logits=torch.stack(confs, dim=1) if confs and confs[0] is not None else None,
+        )

@@ -1,0 +1,135 @@
+"""Qwen3-shaped decoder layers for drafters, with keys/values that can come from outside the block.
+
+DSpark and DFlash inject the target's fused context features as extra keys/values in every layer
+(through that layer's own k/v projections), and their queries come from the draft block only.
+Hugging Face layers cannot take that, so the layer is written here; parameter names follow
+Qwen3 (`self_attn.q_proj`, `q_norm`, `mlp.gate_proj`, `input_layernorm`, …) so checkpoints map
+one-to-one onto DeepSpec's and vLLM's `Qwen3DSparkModel`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotary(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos, sin [..., head_dim] for integer `positions` [...] (rotate-half convention)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim))
+    freqs = positions[..., None].float() * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [batch, heads, seq, head_dim]; cos/sin [batch, seq, head_dim]."""
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, theta: float):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim, self.theta = num_heads, num_kv_heads, head_dim, theta
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def project_kv(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """x [batch, seq, hidden], positions [batch, seq] → k, v [batch, kv_heads, seq, head_dim]."""
+        b, n, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rotary(positions, self.head_dim, self.theta)
+        return apply_rotary(k, cos, sin), v
+
+    def forward(
+        self,
+        x: Tensor,  # [batch, seq, hidden] (already input-normed)
+        positions: Tensor,  # [batch, seq]
+        past_k: Tensor | None,  # [batch, kv_heads, past, head_dim]: injected context, already rotated
+        past_v: Tensor | None,
+        attn_mask: Tensor,  # [batch, seq, past + seq] bool, True = may attend
+        return_kv: bool = False,
+    ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
+        """With `return_kv`, also the new positions' keys/values, for callers that cache them."""
+        b, n, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, n, self.num_heads, self.head_dim)).transpose(1, 2)
+        cos, sin = rotary(positions, self.head_dim, self.theta)
+        q = apply_rotary(q, cos, sin)
+        new_k, new_v = self.project_kv(x, positions)
+        k, v = new_k, new_v
+        if past_k is not None:
+            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask[:, None])
+        out = self.o_proj(out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim))
+        return (out, (new_k, new_v)) if return_kv else out
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftDecoderLayer(nn.Module):
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int,
+        head_dim: int, eps: float, theta: float,
+    ):
+        super().__init__()
+        self.self_attn = DraftAttention(hidden_size, num_heads, num_kv_heads, head_dim, eps, theta)
+        self.mlp = DraftMLP(hidden_size, intermediate_size)
+        self.input_layernorm = RMSNorm(hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+
+    def forward(
+        self, x: Tensor, positions: Tensor, past_k: Tensor | None, past_v: Tensor | None, attn_mask: Tensor,
+        return_kv: bool = False,
+    ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
+        attn = self.self_attn(self.input_layernorm(x), positions, past_k, past_v, attn_mask, return_kv)
+        attn, kv = attn if return_kv else (attn, None)
+        x = x + attn
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return (x, kv) if return_kv else x
+
+
+class FrozenTargetEmbeddings(nn.Module):
+    """Base of drafters that share the target's vocabulary: `embed_tokens` and `lm_head` are frozen copies."""
+
+    embed_tokens: nn.Embedding
+    lm_head: nn.Linear
+
+    def copy_target_embeddings(self, embed: nn.Embedding, lm_head: nn.Module) -> None:
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(embed.weight)
+            self.lm_head.weight.copy_(lm_head.weight)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.lm_head.weight.requires_grad_(False)

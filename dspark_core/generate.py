@@ -1,0 +1,239 @@
+"""The speculative generation loop, written once: draft → verify → accept/bonus → commit → roll back.
+
+Every decoding mode in the project is this loop: plain decoding is the `none` drafter (zero
+drafts, so each step emits the target's own next token), and a verification policy (the engine's
+scheduler) only chooses how many of each request's drafts to verify. The choice may use the drafts'
+confidences but is made before verification, and a policy sees position j's confidence only as one
+number of the proposal: keeping it lossless (never depending on token j or later) is the policy's
+contract, tested in the engine.
+
+Counters are raw (steps, drafted, accepted per step, confidences with outcomes); ratios are
+derived elsewhere, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from dspark_core.drafters.base import DraftProposal, DraftStep, Drafter
+from dspark_core.target import TargetModel
+from dspark_core.verification import verify
+
+# policy(proposal, step) → [R] number of drafts to verify per row (≤ num_drafts)
+VerifyPolicy = Callable[[DraftProposal, DraftStep], Tensor]
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 128
+    num_drafts: int = 7  # γ: draft tokens proposed per step (γ + 1 tokens verified)
+    temperature: float = 0.0  # 0: greedy
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class RequestCounters:
+    """Raw per-request counters; per-step lists are aligned (one entry per verify step)."""
+
+    num_drafts: int  # γ of the run, the length of the histograms below
+    accepted_histogram: list[int] = field(default_factory=list)  # [γ+1]: steps that accepted k drafts
+    num_verified: list[int] = field(default_factory=list)  # drafts verified at each step
+    num_accepted: list[int] = field(default_factory=list)  # drafts accepted at each step
+    confidence_logits: list[list[float]] = field(default_factory=list)  # verified positions' logits per step
+
+    def __post_init__(self) -> None:
+        if not self.accepted_histogram:
+            self.accepted_histogram = [0] * (self.num_drafts + 1)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.num_verified)
+
+    def record(self, verified: int, accepted: int, confidences: Sequence[float] | None) -> None:
+        self.num_verified.append(verified)
+        self.num_accepted.append(accepted)
+        self.accepted_histogram[accepted] += 1
+        if confidences is not None:
+            self.confidence_logits.append(list(confidences))
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    output_ids: list[int]  # generated tokens (first token from prefill, then every step's emission)
+    finish_reason: str  # "stop" | "length"
+    counters: RequestCounters
+
+
+@dataclass
+class BatchState:
+    """Committed tokens and caches of a batch of request slots."""
+
+    token_ids: Tensor  # [num_slots, capacity]
+    num_tokens: Tensor  # [num_slots]: committed; the last is the anchor (its target forward not yet run)
+    target_cache: object
+    draft_state: object
+
+
+def generate(
+    target: TargetModel,
+    drafter: Drafter,
+    prompts: Sequence[Sequence[int]],
+    config: GenerationConfig,
+    generators: Sequence[torch.Generator] | None = None,
+    seed: int = 0,
+    policy: VerifyPolicy | None = None,
+) -> list[GenerationResult]:
+    """Generate for every prompt at once; request i's randomness comes only from generators[i]."""
+    device = target.device
+    num = len(prompts)
+    if generators is None:
+        generators = [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(num)]
+    num_drafts = config.num_drafts if drafter.name != "none" else 0
+    capacity = max(len(p) for p in prompts) + config.max_new_tokens + num_drafts + 2
+    state = BatchState(
+        token_ids=torch.zeros(num, capacity, dtype=torch.long, device=device),
+        num_tokens=torch.zeros(num, dtype=torch.long, device=device),
+        target_cache=target.new_cache(num, capacity),
+        draft_state=drafter.start(num, capacity),
+    )
+    temperatures = torch.full((num,), float(config.temperature), device=device)
+    rows = torch.arange(num, device=device)
+    outputs: list[list[int]] = [[] for _ in range(num)]
+    counters = [RequestCounters(num_drafts) for _ in range(num)]
+    finish: list[str | None] = [None] * num
+
+    first = prefill(target, drafter, state, rows, prompts, temperatures, list(generators))
+    for i, token in enumerate(first.tolist()):
+        finish[i] = _emit(outputs[i], [token], config)
+
+    while True:
+        active = [i for i in range(num) if finish[i] is None]
+        if not active:
+            break
+        act = torch.tensor(active, device=device)
+        budgets = torch.tensor([config.max_new_tokens - len(outputs[i]) for i in active], device=device)
+        emitted, verified, accepted, confs = speculative_step(
+            target, drafter, state, act, temperatures[act], [generators[i] for i in active],
+            num_drafts, budgets - 1, policy,
+        )
+        for j, i in enumerate(active):
+            counters[i].record(verified[j], accepted[j], confs[j] if confs is not None else None)
+            finish[i] = _emit(outputs[i], emitted[j], config)
+
+    return [
+        GenerationResult(list(p), outputs[i], finish[i] or "length", counters[i]) for i, p in enumerate(prompts)
+    ]
+
+
+@torch.no_grad()
+def prefill(
+    target: TargetModel,
+    drafter: Drafter,
+    state: BatchState,
+    rows: Tensor,
+    prompts: Sequence[Sequence[int]],
+    temperatures: Tensor,
+    generators: list[torch.Generator],
+) -> Tensor:
+    """Run the prompts, sample each first token from the target (a zero-draft verify), commit it."""
+    device = target.device
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    if bool((lengths == 0).any()):
+        raise ValueError("empty prompt: every request needs at least one token")
+    padded = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        padded[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+    out = target.forward(state.target_cache, rows, padded, lengths)
+    drafter.observe(state.draft_state, rows, padded, out.features, lengths)
+    last_logits = out.logits[torch.arange(len(prompts), device=device), lengths - 1]  # [R, vocab]
+    no_drafts = torch.zeros(len(prompts) + 1, dtype=torch.long, device=device)
+    first = verify(last_logits, no_drafts[:0], no_drafts, None, temperatures, generators).next_token_ids
+    state.token_ids[rows, : padded.shape[1]] = padded
+    state.token_ids[rows, lengths] = first
+    state.num_tokens[rows] = lengths + 1
+    return first
+
+
+@torch.no_grad()
+def speculative_step(
+    target: TargetModel,
+    drafter: Drafter,
+    state: BatchState,
+    rows: Tensor,
+    temperatures: Tensor,
+    generators: list[torch.Generator],
+    num_drafts: int,
+    max_verify: Tensor,
+    policy: VerifyPolicy | None = None,
+) -> tuple[list[list[int]], list[int], list[int], list[list[float]] | None]:
+    """One step for slots `rows`: returns per row the emitted tokens, drafts verified, drafts accepted,
+    and the verified positions' confidence logits (None if the drafter has no confidence head).
+
+    `max_verify` [R] caps the drafts verified per row (the remaining token budget minus the bonus).
+    """
+    device = target.device
+    num_rows = len(rows)
+    step = DraftStep(rows, state.token_ids, state.num_tokens, num_drafts, temperatures, generators)
+    anchors = step.anchor_ids
+    if num_drafts > 0:
+        proposal = drafter.propose(state.draft_state, step)
+    else:
+        proposal = DraftProposal(torch.empty(num_rows, 0, dtype=torch.long, device=device), None, None)
+    n_verify = torch.clamp(max_verify, min=0, max=num_drafts)
+    if proposal.num_valid is not None:
+        n_verify = torch.minimum(n_verify, proposal.num_valid)
+    if policy is not None and num_drafts > 0:
+        n_verify = torch.minimum(n_verify, policy(proposal, step))
+
+    # Target forward over [anchor, d_1 … d_n] for each row (right-padded to γ + 1).
+    inputs = torch.cat([anchors[:, None], proposal.token_ids], dim=1)
+    cache_len_before = state.target_cache.lengths[rows].clone()
+    out = target.forward(state.target_cache, rows, inputs, n_verify + 1)
+
+    draft_valid = torch.arange(num_drafts, device=device)[None, :] < n_verify[:, None]  # [R, γ]
+    target_valid = torch.arange(num_drafts + 1, device=device)[None, :] <= n_verify[:, None]  # [R, γ+1]
+    cu_num_drafts = torch.zeros(num_rows + 1, dtype=torch.long, device=device)
+    cu_num_drafts[1:] = n_verify.cumsum(0)
+    draft_probs = proposal.draft_probs[draft_valid] if proposal.draft_probs is not None else None
+    result = verify(
+        out.logits[target_valid], proposal.token_ids[draft_valid], cu_num_drafts, draft_probs,
+        temperatures, generators,
+    )
+    num_accepted = result.num_accepted
+
+    # Commit accepted drafts + recovered/bonus token; roll the target cache back to anchor + accepted.
+    state.target_cache.rollback(rows, cache_len_before + 1 + num_accepted)
+    drafter.observe(state.draft_state, rows, inputs, out.features, num_accepted + 1)
+    emitted_t = torch.cat([proposal.token_ids, torch.zeros(num_rows, 1, dtype=torch.long, device=device)], dim=1)
+    emitted_t[torch.arange(num_rows, device=device), num_accepted] = result.next_token_ids
+    num_emitted = num_accepted + 1
+    offsets = torch.arange(num_drafts + 1, device=device)
+    write = offsets[None, :] < num_emitted[:, None]
+    slot = rows[:, None].expand(-1, num_drafts + 1)[write]
+    pos = (state.num_tokens[rows][:, None] + offsets[None, :])[write]
+    state.token_ids[slot, pos] = emitted_t[write]
+    state.num_tokens[rows] += num_emitted
+
+    emitted = [emitted_t[j, : int(num_emitted[j])].tolist() for j in range(num_rows)]
+    verified, accepted = n_verify.tolist(), num_accepted.tolist()
+    confs = None
+    if proposal.confidence_logits is not None:
+        conf_rows = proposal.confidence_logits.tolist()
+        confs = [conf_rows[j][: verified[j]] for j in range(num_rows)]
+    return emitted, verified, accepted, confs
+
+
+def _emit(output: list[int], tokens: list[int], config: GenerationConfig) -> str | None:
+    """Append tokens up to a stop token or the budget; returns the finish reason once finished."""
+    for token in tokens:
+        output.append(token)
+        if token in config.stop_token_ids:
+            return "stop"
+        if len(output) >= config.max_new_tokens:
+            return "length"
+    return None

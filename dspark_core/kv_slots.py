@@ -1,0 +1,69 @@
+"""Per-request key/value slots: one tensor per layer, a length per slot, rollback by lowering a length.
+
+Target and drafters alike keep many requests' caches side by side. Rejected positions need no
+copying: a lower length masks them out of the next attention and the slot overwrites them when it
+grows again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class KVSlots:
+    keys: list[Tensor]  # each [num_slots, kv_heads, capacity, head_dim]
+    values: list[Tensor]  # each [num_slots, kv_heads, capacity, head_dim]
+    lengths: Tensor  # [num_slots] long, positions held
+
+    @classmethod
+    def allocate(
+        cls, num_layers: int, num_slots: int, num_kv_heads: int, capacity: int, head_dim: int,
+        dtype: torch.dtype, device: torch.device | str,
+    ) -> "KVSlots":
+        shape = (num_slots, num_kv_heads, capacity, head_dim)
+        return cls(
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+            torch.zeros(num_slots, dtype=torch.long, device=device),
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def check_room(self, rows: Tensor, num_new: Tensor) -> None:
+        if bool((self.lengths[rows] + num_new > self.capacity).any()):
+            raise ValueError(f"KV slot capacity {self.capacity} exceeded; raise the capacity")
+
+    def gather(self, rows: Tensor, length: int) -> list[tuple[Tensor, Tensor]]:
+        """Per layer (k, v) [R, kv_heads, length, head_dim] of slots `rows`, cut to `length`."""
+        return [(k[rows, :, :length], v[rows, :, :length]) for k, v in zip(self.keys, self.values)]
+
+    def valid_mask(self, rows: Tensor, length: int) -> Tensor:
+        """[R, length] bool: which gathered positions each row really holds."""
+        return torch.arange(length, device=self.lengths.device)[None, :] < self.lengths[rows][:, None]
+
+    def append(self, rows: Tensor, new_kv: list[tuple[Tensor, Tensor]], num_new: Tensor) -> None:
+        """Write the first `num_new[r]` positions of new (k, v) [R, kv_heads, max_new, head_dim] behind each row."""
+        self.check_room(rows, num_new)
+        max_new = new_kv[0][0].shape[2]
+        offsets = torch.arange(max_new, device=self.lengths.device)
+        valid = offsets[None, :] < num_new[:, None]  # [R, max_new]
+        slot = rows[:, None].expand(-1, max_new)[valid]
+        dest = (self.lengths[rows][:, None] + offsets[None, :])[valid]
+        src_row = torch.arange(len(rows), device=self.lengths.device)[:, None].expand(-1, max_new)[valid]
+        src_pos = offsets[None, :].expand(len(rows), -1)[valid]
+        for layer, (k, v) in enumerate(new_kv):
+            self.keys[layer][slot, :, dest] = k[src_row, :, src_pos].to(self.keys[layer].dtype)
+            self.values[layer][slot, :, dest] = v[src_row, :, src_pos].to(self.values[layer].dtype)
+        self.lengths[rows] += num_new
+
+    def rollback(self, rows: Tensor, lengths: Tensor) -> None:
+        """Cut slots `rows` back to `lengths` (the accepted prefix); never grows a slot."""
+        if bool((lengths > self.lengths[rows]).any()):
+            raise ValueError("rollback cannot grow a slot")
+        self.lengths[rows] = lengths

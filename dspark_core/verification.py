@@ -1,0 +1,118 @@
+"""Lossless verification of drafted tokens for a batch of requests, flattened without padding.
+
+Terms, used everywhere in the project:
+- **accepted** tokens: the longest run of draft tokens, from the first, that pass the test
+  u < min(1, p_t(x) / p_d(x)) with u ~ U(0, 1). Greedy (T ≈ 0) is the same test with one-hot
+  distributions, i.e. exact match with the target's argmax.
+- **recovered** token: at the first rejected position, a sample from normalise(max(0, p_t − p_d))
+  (p_t itself if that residual has no mass), so that accepted-or-recovered is distributed as p_t.
+- **bonus** token: when every verified draft is accepted, a sample from p_t at the next position.
+Each step therefore emits `num_accepted + 1` tokens per request: the accepted drafts, then the
+recovered or bonus token (`next_token_ids`).
+
+Layout: request r verified `n_r` drafts; `cu_num_drafts` [R+1] holds the cumulative n_r. Draft
+rows are flattened to [total_drafts, ...]; target rows to [total_drafts + R, ...] (each request has
+n_r + 1 target positions: the anchor, then each draft), so request r's target rows start at
+`cu_num_drafts[r] + r`. Uniforms are passed in (drawn from per-request generators) so a kernel and
+this reference consume the same noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dspark_core.distributions import logits_to_probs, sample_from_probs
+
+RESIDUAL_EPS = 1e-9
+
+
+@dataclass
+class VerifyOutput:
+    num_accepted: Tensor  # [R] long, accepted drafts per request (0 … n_r)
+    next_token_ids: Tensor  # [R] long, recovered or bonus token per request
+
+
+def draw_verify_uniforms(generators: list[torch.Generator], num_drafts: Tensor) -> tuple[Tensor, Tensor]:
+    """Acceptance uniforms [total_drafts] and one sampling uniform per request [R].
+
+    Each request draws n_r + 1 numbers from its own generator, whatever happens, so its stream
+    does not depend on the other requests in the batch.
+    """
+    counts = num_drafts.tolist()
+    per_request = [torch.rand(n + 1, generator=g, device=g.device) for g, n in zip(generators, counts)]
+    accept = torch.cat([u[:-1] for u in per_request]) if per_request else torch.empty(0)
+    sample = torch.stack([u[-1] for u in per_request]) if per_request else torch.empty(0)
+    return accept, sample
+
+
+def rejection_sample(
+    target_logits: Tensor,  # [total_drafts + R, vocab]
+    draft_token_ids: Tensor,  # [total_drafts] long
+    cu_num_drafts: Tensor,  # [R + 1] long
+    draft_probs: Tensor | None,  # [total_drafts, vocab] fp32, or None: drafts are deterministic (one-hot)
+    temperatures: Tensor,  # [R] (< GREEDY_TEMPERATURE: greedy)
+    accept_uniforms: Tensor,  # [total_drafts] in [0, 1)
+    sample_uniforms: Tensor,  # [R] in [0, 1)
+) -> VerifyOutput:
+    device = target_logits.device
+    num_requests = cu_num_drafts.numel() - 1
+    num_drafts = cu_num_drafts[1:] - cu_num_drafts[:-1]  # [R]
+    total_drafts = draft_token_ids.numel()
+    request_of_draft = torch.repeat_interleave(torch.arange(num_requests, device=device), num_drafts)
+    local_pos = torch.arange(total_drafts, device=device) - cu_num_drafts[:-1][request_of_draft]
+    target_row_of_draft = cu_num_drafts[:-1][request_of_draft] + request_of_draft + local_pos
+
+    target_probs = logits_to_probs(target_logits, _per_target_row(temperatures, num_drafts))
+    p_target = target_probs[target_row_of_draft, :].gather(1, draft_token_ids[:, None]).squeeze(1)
+    if draft_probs is None:
+        p_draft = torch.ones_like(p_target)
+    else:
+        p_draft = draft_probs.gather(1, draft_token_ids[:, None]).squeeze(1).float()
+    # u < p_t / p_d, written without the division; q >= p means always accept.
+    accepted = accept_uniforms * p_draft < p_target  # [total_drafts]
+
+    # Accepted count = local index of the first rejection, or n_r if none.
+    first_reject = torch.where(accepted, num_drafts[request_of_draft], local_pos)
+    num_accepted = num_drafts.clone()
+    num_accepted.scatter_reduce_(0, request_of_draft, first_reject, reduce="amin", include_self=True)
+
+    final_target_row = cu_num_drafts[:-1] + torch.arange(num_requests, device=device) + num_accepted
+    final_probs = target_probs[final_target_row]  # [R, vocab]
+    rejected = num_accepted < num_drafts
+    if bool(rejected.any()):
+        rejected_draft_row = (cu_num_drafts[:-1] + num_accepted)[rejected]
+        if draft_probs is None:
+            p_d = torch.nn.functional.one_hot(draft_token_ids[rejected_draft_row], final_probs.shape[-1]).float()
+        else:
+            p_d = draft_probs[rejected_draft_row].float()
+        residual = (final_probs[rejected] - p_d).clamp_(min=0)
+        mass = residual.sum(-1, keepdim=True)
+        residual = torch.where(mass > RESIDUAL_EPS, residual / mass.clamp(min=RESIDUAL_EPS), final_probs[rejected])
+        final_probs = final_probs.clone()
+        final_probs[rejected] = residual
+    next_token_ids = sample_from_probs(final_probs, sample_uniforms)
+    return VerifyOutput(num_accepted=num_accepted, next_token_ids=next_token_ids)
+
+
+def verify(
+    target_logits: Tensor,
+    draft_token_ids: Tensor,
+    cu_num_drafts: Tensor,
+    draft_probs: Tensor | None,
+    temperatures: Tensor,
+    generators: list[torch.Generator],
+) -> VerifyOutput:
+    """`rejection_sample` with uniforms drawn from each request's own generator."""
+    accept_u, sample_u = draw_verify_uniforms(generators, cu_num_drafts[1:] - cu_num_drafts[:-1])
+    device = target_logits.device
+    return rejection_sample(
+        target_logits, draft_token_ids, cu_num_drafts, draft_probs, temperatures,
+        accept_u.to(device), sample_u.to(device),
+    )
+
+
+def _per_target_row(temperatures: Tensor, num_drafts: Tensor) -> Tensor:
+    return torch.repeat_interleave(temperatures, num_drafts + 1)
