@@ -1,0 +1,1 @@
+"""Declarative benchmarking harness for DSpark speculative decoding."""

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs dspark-harness and its test tools into the current Python environment.
+# torch first, and only where none is present: on this project's CPU machines `torch==2.13.0`
+# resolves to the CPU build on local disk; GPU users keep the CUDA build they brought. Installing
+# the project afterwards then satisfies its torch range without pulling another torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  "$PY" -m pip install -q "torch==2.13.0"
+fi
+"$PY" -m pip install -q -e ".[test]"
