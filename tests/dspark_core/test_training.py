@@ -1,0 +1,274 @@
+"""Target cache, training batches and the training loop, ending with a real toy run whose figures print (-s)."""
+
+import math
+
+import pytest
+import torch
+
+from dspark_core.drafters import DSparkDrafter
+from dspark_core.drafters.base import DraftStep
+from dspark_core.drafters.eagle3 import Eagle3Drafter
+from dspark_core.target_cache import TargetCache, TargetSequence, build_target_cache, record_sequences
+from dspark_core.training import (
+    TrainConfig,
+    dspark_block_forward,
+    eagle3_unroll_forward,
+    eagle3_unroll_mask,
+    evaluate_draft,
+    lr_at,
+    make_block_batch,
+    sample_anchors,
+    train_draft,
+)
+from fixtures_training import (
+    MASK_TOKEN_ID,
+    TARGET_LAYER_IDS,
+    acceptance_length,
+    eval_prompts,
+    new_draft,
+    single_thread,
+    toy_cache,
+    toy_target,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with single_thread():
+        yield
+
+
+# --- target cache ----------------------------------------------------------------------------------
+
+
+def test_target_cache_alignment_and_roundtrip(tmp_path):
+    target = toy_target()
+    prompts = eval_prompts(4)
+    cache = build_target_cache(target, prompts, layer_ids=(1, 2), max_new_tokens=12, temperature=0.0, batch_size=3)
+    assert target.layer_ids == TARGET_LAYER_IDS  # restored
+    assert cache.layer_ids == (1, 2) and cache.feature_size == 2 * target.hidden_size
+    for seq, prompt in zip(cache.sequences, prompts):
+        assert seq.prompt_len == len(prompt) and seq.token_ids[: len(prompt)].tolist() == prompt
+        assert seq.num_tokens == len(prompt) + 12
+        assert seq.features.shape == (seq.num_tokens, 2 * target.hidden_size)
+        # greedy answers: row t of the logits is the target's prediction of token t+1
+        answer_rows = seq.logits[seq.prompt_len - 1 : -1]
+        assert answer_rows.argmax(-1).tolist() == seq.token_ids[seq.prompt_len :].tolist()
+    # batched and padded == one sequence alone
+    target.set_layer_ids((1, 2))
+    try:
+        alone = record_sequences(target, [cache.sequences[1].token_ids.tolist()])[0]
+    finally:
+        target.set_layer_ids(TARGET_LAYER_IDS)
+    assert torch.allclose(alone.logits, cache.sequences[1].logits, atol=1e-4)
+    assert torch.allclose(alone.features, cache.sequences[1].features, atol=1e-4)
+
+    cache.save(tmp_path / "cache.pt")
+    loaded = TargetCache.load(tmp_path / "cache.pt")
+    assert loaded.layer_ids == cache.layer_ids and loaded.meta == cache.meta
+    for a, b in zip(loaded.sequences, cache.sequences):
+        assert a.prompt_len == b.prompt_len and torch.equal(a.token_ids, b.token_ids)
+        assert torch.equal(a.features, b.features) and torch.equal(a.logits, b.logits)
+
+
+# --- schedule, anchors, masks ----------------------------------------------------------------------
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = TrainConfig(steps=100, lr=1e-3, warmup_fraction=0.04, min_lr_ratio=0.1)
+    assert [lr_at(s, cfg) for s in range(4)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert lr_at(4, cfg) == pytest.approx(1e-3)
+    assert lr_at(52, cfg) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))  # half-way through the cosine
+    assert lr_at(99, cfg) == pytest.approx(1e-4, rel=1e-2)
+    lrs = [lr_at(s, cfg) for s in range(4, 100)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+
+
+def _toy_sequence(num_tokens=12, prompt_len=4, vocab=16, width=6, seed=0) -> TargetSequence:
+    g = torch.Generator().manual_seed(seed)
+    return TargetSequence(
+        token_ids=torch.arange(num_tokens) + 100,  # token at position p is 100 + p: easy to read
+        features=torch.randn(num_tokens, width, generator=g),
+        logits=torch.randn(num_tokens, vocab, generator=g),
+        prompt_len=prompt_len,
+    )
+
+
+def test_sample_anchors_in_answer_region():
+    seqs = [_toy_sequence(12, 4), _toy_sequence(9, 6)]
+    g = torch.Generator().manual_seed(0)
+    anchors = sample_anchors(seqs, 5, g)
+    assert len(anchors[0]) == 5 and len(anchors[1]) == 2  # the second has only positions 6, 7
+    assert anchors[1].tolist() == [6, 7]
+    for a, s in zip(anchors, seqs):
+        assert len(set(a.tolist())) == len(a)
+        assert all(s.prompt_len <= x <= s.num_tokens - 2 for x in a.tolist())
+
+
+def test_block_batch_layout():
+    B, mask = 3, 99
+    seqs = [_toy_sequence(12, 4, seed=0), _toy_sequence(9, 6, seed=1)]
+    anchors = [torch.tensor([4, 10]), torch.tensor([7])]  # second sequence: one real block, one padding
+    b = make_block_batch(seqs, anchors, B, mask)
+    S, M, T = 2, 2, 12
+    assert b.block_ids.shape == (S, M * B) and b.attn_mask.shape == (S, M * B, T + M * B)
+    assert b.block_ids[0].tolist() == [104, mask, mask, 110, mask, mask]
+    assert b.positions[0].tolist() == [4, 5, 6, 10, 11, 12]
+    assert b.prev_ids[0].tolist() == [104, 105, 106] and b.labels[0].tolist() == [105, 106, 107]
+    assert b.prev_ids[1][:2].tolist() == [110, 111] and b.labels[1][:1].tolist() == [111]
+    assert b.valid.tolist() == [[True, True, True], [True, False, False], [True, False, False], [False] * 3]
+    assert torch.equal(b.target_logits[0], seqs[0].logits[4:7])
+    assert torch.equal(b.target_logits[2][0], seqs[1].logits[7])
+    for s, a_list in enumerate([[4, 10], [7, 6]]):  # padding block anchored at prompt_len
+        for q in range(M * B):
+            m = q // B
+            ctx = b.attn_mask[s, q, :T]
+            assert ctx.tolist() == [p < a_list[m] for p in range(T)]
+            own = b.attn_mask[s, q, T:]
+            assert own.tolist() == [q2 // B == m for q2 in range(M * B)]
+
+
+def test_eagle3_unroll_mask():
+    m = eagle3_unroll_mask(4, 2).int()  # [T, 3T]: step-0 keys ≤ i−2, step-1 key at i−1, own key at i
+    assert m.tolist() == [
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+        [0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0],
+        [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0],
+        [1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1],
+    ]
+    assert torch.equal(eagle3_unroll_mask(5, 0), torch.ones(5, 5, dtype=torch.bool).tril())
+
+
+# --- the training forward is the inference forward -------------------------------------------------
+
+
+def _drafter_probs(drafter, seq: TargetSequence, anchor: int, n: int, seed: int = 0):
+    """Propose n drafts after `anchor` with the context of positions < anchor observed, at T=1."""
+    cap = seq.num_tokens + n + 2
+    state = drafter.start(1, cap)
+    rows = torch.tensor([0])
+    drafter.observe(state, rows, seq.token_ids[None, :anchor], seq.features[None, :anchor], torch.tensor([anchor]))
+    token_ids = torch.zeros(1, cap, dtype=torch.long)
+    token_ids[0, : anchor + 1] = seq.token_ids[: anchor + 1]
+    step = DraftStep(rows, token_ids, torch.tensor([anchor + 1]), n, torch.tensor([1.0]),
+                     [torch.Generator().manual_seed(seed)])
+    return drafter.propose(state, step)
+
+
+def _with_drafts(seq: TargetSequence, anchor: int, drafts: torch.Tensor) -> TargetSequence:
+    """The sequence with the drafted tokens written after the anchor (teacher forcing then feeds them)."""
+    tokens = seq.token_ids.clone()
+    tokens[anchor + 1 : anchor + 1 + len(drafts)] = drafts
+    return TargetSequence(tokens, seq.features, seq.logits, seq.prompt_len)
+
+
+@pytest.mark.parametrize("method,head,confidence", [
+    ("dspark", "markov", True), ("dspark", "gated", True), ("dspark", "rnn", False), ("dflash", "none", False),
+])
+def test_dspark_training_forward_equals_drafter(method, head, confidence):
+    torch.manual_seed(3)
+    model = new_draft(method, head, confidence_head=confidence, seed=3)
+    if model.markov_head is not None:  # W2 starts at zero: make the head matter
+        torch.nn.init.normal_(model.markov_head.markov_w2.weight, std=0.5)
+    seq = toy_cache().sequences[0]
+    anchor, B = seq.prompt_len + 3, model.config.block_size
+    proposal = _drafter_probs(DSparkDrafter(model), seq, anchor, B)
+    fed = _with_drafts(seq, anchor, proposal.token_ids[0, : B - 1])
+    with torch.no_grad():
+        logits, conf = dspark_block_forward(model, make_block_batch([fed], [torch.tensor([anchor])], B, MASK_TOKEN_ID))
+    assert torch.allclose(torch.softmax(logits[0], -1), proposal.draft_probs[0], atol=1e-5)
+    if confidence:
+        assert torch.allclose(conf[0], proposal.confidence_logits[0], atol=1e-5)
+
+
+def test_eagle3_unroll_equals_drafter():
+    model = new_draft("eagle3", "none", seed=4)
+    seq = toy_cache().sequences[1]
+    anchor, J = seq.prompt_len + 2, 3
+    proposal = _drafter_probs(Eagle3Drafter(model), seq, anchor, J)
+    fed = _with_drafts(seq, anchor, proposal.token_ids[0, : J - 1])
+    with torch.no_grad():
+        logits = eagle3_unroll_forward(model, fed.token_ids[None], fed.features[None], J)  # [1, T, J, V]
+    for j in range(J):
+        assert torch.allclose(torch.softmax(logits[0, anchor + j, j], -1), proposal.draft_probs[0, j], atol=1e-5)
+
+
+# --- the loop ----------------------------------------------------------------------------------------
+
+
+SMOKE = TrainConfig(steps=6, lr=3e-3, batch_size=4, anchors_per_sequence=8, seed=5)
+
+
+@pytest.mark.parametrize("method,head,confidence", [
+    ("dspark", "gated", True), ("dspark", "rnn", True), ("dspark", "markov", False), ("eagle3", "none", False),
+])
+def test_every_variant_trains(method, head, confidence):
+    model = new_draft(method, head, confidence_head=confidence)
+    frozen = model.embed_tokens.weight.clone(), model.lm_head.weight.clone()
+    fc = model.fc.weight.clone()
+    result = train_draft(toy_cache(), model, SMOKE)
+    assert len(result.losses) == SMOKE.steps and all(math.isfinite(x) for x in result.losses)
+    assert math.isnan(result.history[0].bce) != confidence
+    assert torch.equal(model.embed_tokens.weight, frozen[0]) and torch.equal(model.lm_head.weight, frozen[1])
+    assert not torch.equal(model.fc.weight, fc)
+
+
+def test_training_is_deterministic_and_checks_its_inputs():
+    a, b = new_draft("dspark"), new_draft("dspark")
+    assert train_draft(toy_cache(), a, SMOKE).losses == train_draft(toy_cache(), b, SMOKE).losses
+    unfrozen = new_draft("dspark")
+    unfrozen.embed_tokens.weight.requires_grad_(True)
+    with pytest.raises(ValueError, match="copy_target_embeddings"):
+        train_draft(toy_cache(), unfrozen, SMOKE)
+    other_layers = TargetCache(toy_cache().sequences, (1, 2))
+    with pytest.raises(ValueError, match="layers"):
+        train_draft(other_layers, new_draft("dspark"), SMOKE)
+
+
+# --- a real toy run: loss down, acceptance up, DSpark vs DFlash vs Eagle3-style ----------------------
+
+
+# Toy scale: a short budget, so a peak lr 10× the reference 6e-4 (same warm-up and cosine).
+RUN = TrainConfig(steps=150, lr=6e-3, batch_size=8, anchors_per_sequence=16, seed=0)
+
+
+@pytest.fixture(scope="module")
+def toy_run():
+    cache = toy_cache()
+    subset = TargetCache(cache.sequences[:32], cache.layer_ids)  # training loss, measured on a third of the cache
+    target = toy_target()
+    print(f"\n[toy target] trained {target.train_seconds:.1f}s, final CE {target.train_loss:.3f}; cache: "
+          f"{len(cache)} sequences, {sum(s.num_anchors for s in cache.sequences)} answer anchors")
+    figures = {}
+    for method, head in [("dspark", "markov"), ("dflash", "none"), ("eagle3", "none")]:
+        model = new_draft(method, head)
+        before = evaluate_draft(subset, model, RUN)
+        tau_before = {t: acceptance_length(model, t) for t in (0.0, 1.0)}
+        result = train_draft(cache, model, RUN)
+        after = evaluate_draft(subset, model, RUN)
+        tau_after = {t: acceptance_length(model, t) for t in (0.0, 1.0)}
+        figures[method] = dict(before=before, after=after, tau_before=tau_before, tau_after=tau_after, result=result)
+        print(
+            f"[{method:6s}] {RUN.steps} steps in {result.seconds:.1f}s | loss {float(before.total):.3f} → "
+            f"{float(after.total):.3f} (CE {before.ce:.3f} → {after.ce:.3f}, mean α {before.acceptance:.3f} → "
+            f"{after.acceptance:.3f}) | τ(γ=7) T=0: {tau_before[0.0]:.2f} → {tau_after[0.0]:.2f}, "
+            f"T=1: {tau_before[1.0]:.2f} → {tau_after[1.0]:.2f}"
+        )
+    return figures
+
+
+@pytest.mark.parametrize("method", ["dspark", "dflash", "eagle3"])
+def test_training_lowers_loss_and_raises_acceptance(toy_run, method):
+    f = toy_run[method]
+    assert float(f["after"].total) < 0.5 * float(f["before"].total)
+    losses = f["result"].losses
+    assert sum(losses[-20:]) / 20 < 0.5 * sum(losses[:20]) / 20
+    for t in (0.0, 1.0):
+        assert f["tau_before"][t] < 1.3  # an untrained draft is almost never accepted
+        assert f["tau_after"][t] > f["tau_before"][t] + 1.5
+
+
+def test_dspark_accepts_more_than_dflash(toy_run):
+    """Same data, steps and backbone; DSpark's Markov head resolves word-boundary collisions."""
+    for t in (0.0, 1.0):
+        assert toy_run["dspark"]["tau_after"][t] >= toy_run["dflash"]["tau_after"][t]
