@@ -35,6 +35,7 @@ from torch import Tensor
 from dspark_core.drafters import DraftConfig, DSparkModel, Eagle3Model, build_draft_model
 
 WEIGHTS_FILE = "model.safetensors"
+SHARED_WITH_TARGET = ("embed_tokens.weight", "lm_head.weight")  # frozen copies of the target's
 CONFIG_FILE = "draft_config.json"
 HF_CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
@@ -51,10 +52,20 @@ _MODEL_TYPES = ("qwen3", "dflash", "dspark", "qwen3_dspark")
 # Our format
 
 
-def save_draft(model: DSparkModel | Eagle3Model, directory: str | Path, *, extra: dict | None = None) -> Path:
+def save_draft(
+    model: DSparkModel | Eagle3Model,
+    directory: str | Path,
+    *,
+    extra: dict | None = None,
+    dtype: torch.dtype | None = None,
+    share_target_embeddings: bool = False,
+) -> Path:
     """Write `model.safetensors` and `draft_config.json` into `directory` (created); returns it.
 
-    Tensors keep the model's dtype. `extra` is merged over `model.config.extra` (it must be plain JSON).
+    Tensors keep the model's dtype unless `dtype` is given. `share_target_embeddings` leaves out
+    `embed_tokens`/`lm_head` (frozen copies of the target's, often most of a small draft's bytes);
+    loading then needs `target=`, as vLLM shares them from the target when absent. `extra` is merged
+    over `model.config.extra` (it must be plain JSON).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -65,16 +76,23 @@ def save_draft(model: DSparkModel | Eagle3Model, directory: str | Path, *, extra
         config_text = config.to_json() + "\n"
     except TypeError as err:
         raise ValueError(f"draft config extra must be plain JSON (str, number, bool, list, dict): {err}") from None
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    tensors = {
+        name: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous()
+        for name, t in model.state_dict().items()
+        if not (share_target_embeddings and name in SHARED_WITH_TARGET)
+    }
     _write_atomic(directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     _write_atomic(directory / CONFIG_FILE, lambda tmp: tmp.write_text(config_text))
     return directory
 
 
 def load_draft(
-    directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, *, target: Any = None
 ) -> DSparkModel | Eagle3Model:
-    """Rebuild a draft written by `save_draft`. `dtype=None` keeps the stored dtype of `fc.weight`."""
+    """Rebuild a draft written by `save_draft`. `dtype=None` keeps the stored dtype of `fc.weight`.
+
+    A draft saved with `share_target_embeddings` needs `target` (a `TargetModel` or Hugging Face causal LM).
+    """
     directory = Path(directory)
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
@@ -86,6 +104,7 @@ def load_draft(
         raise FileNotFoundError(f"no {CONFIG_FILE} in {directory}{hint}")
     config = DraftConfig.load(config_path)
     tensors, source = read_safetensors(directory)
+    tensors, source = _fill_shared_embeddings(tensors, source, target)
     return _build_and_load(config, tensors, source, device, dtype)
 
 
@@ -196,18 +215,7 @@ def load_deepspec_draft(
         config = deepspec_draft_config(hf, {k: tuple(v.shape) for k, v in tensors.items()})
     except ValueError as err:
         raise ValueError(f"{config_path}: {err}") from None
-    shared = [name for name in ("embed_tokens.weight", "lm_head.weight") if name not in tensors]
-    if shared:
-        if target is None:
-            raise ValueError(
-                f"{source} has no {' / '.join(shared)}: the draft shares them with its target; "
-                "pass target= (a TargetModel or Hugging Face causal LM) to copy them in"
-            )
-        embed, lm_head = _target_embedding_weights(target)
-        for name, weight in (("embed_tokens.weight", embed), ("lm_head.weight", lm_head)):
-            if name in shared:
-                tensors[name] = weight.detach().to("cpu").clone()
-        source = f"{source} (+ {', '.join(shared)} from the target)"
+    tensors, source = _fill_shared_embeddings(tensors, source, target)
     return _build_and_load(config, tensors, source, device, dtype)
 
 
@@ -313,6 +321,23 @@ def _normalise_names(tensors: dict[str, Tensor], source: str) -> dict[str, Tenso
             raise ValueError(f"{source}: two tensors map to {key} once prefixes are stripped")
         out[key] = tensor
     return out
+
+
+def _fill_shared_embeddings(tensors: dict[str, Tensor], source: str, target: Any) -> tuple[dict[str, Tensor], str]:
+    """Copy the target's embeddings / LM head in where the checkpoint leaves them to the target."""
+    shared = [name for name in SHARED_WITH_TARGET if name not in tensors]
+    if not shared:
+        return tensors, source
+    if target is None:
+        raise ValueError(
+            f"{source} has no {' / '.join(shared)}: the draft shares them with its target; "
+            "pass target= (a TargetModel or Hugging Face causal LM) to copy them in"
+        )
+    embed, lm_head = _target_embedding_weights(target)
+    for name, weight in zip(SHARED_WITH_TARGET, (embed, lm_head)):
+        if name in shared:
+            tensors[name] = weight.detach().to("cpu").clone()
+    return tensors, f"{source} (+ {', '.join(shared)} from the target)"
 
 
 def _target_embedding_weights(target: Any) -> tuple[Tensor, Tensor]:

@@ -53,6 +53,30 @@ class RequestCounters:
     def num_steps(self) -> int:
         return len(self.num_verified)
 
+    @property
+    def num_drafted(self) -> int:
+        """Draft tokens verified over the whole request (proposed but unverified ones never count)."""
+        return sum(self.num_verified)
+
+    def position_counts(self) -> tuple[list[int], list[int]]:
+        """Per draft position k = 1 … γ: (steps that verified position k, steps that accepted it).
+
+        Accepted at k means drafts 1 … k all accepted, so the ratio is the unconditional per-position
+        acceptance; dividing by the previous position's accepted count gives the conditional one.
+        """
+        verified = [sum(1 for v in self.num_verified if v >= k) for k in range(1, self.num_drafts + 1)]
+        accepted = [sum(1 for a in self.num_accepted if a >= k) for k in range(1, self.num_drafts + 1)]
+        return verified, accepted
+
+    def confidence_outcomes(self) -> list[tuple[int, float, int]]:
+        """(position k, confidence logit, realised survival: 1 if drafts 1 … k were all accepted) for every
+        verified position that carried a confidence."""
+        return [
+            (k + 1, logit, int(accepted > k))
+            for logits, accepted in zip(self.confidence_logits, self.num_accepted)
+            for k, logit in enumerate(logits)
+        ]
+
     def record(self, verified: int, accepted: int, confidences: Sequence[float] | None) -> None:
         self.num_verified.append(verified)
         self.num_accepted.append(accepted)
@@ -79,6 +103,24 @@ class BatchState:
     draft_state: object
 
 
+def new_batch_state(target: TargetModel, drafter: Drafter, num_slots: int, capacity: int) -> BatchState:
+    """Empty slots for `num_slots` requests of up to `capacity` tokens (prompt + output + γ + 2)."""
+    device = target.device
+    return BatchState(
+        token_ids=torch.zeros(num_slots, capacity, dtype=torch.long, device=device),
+        num_tokens=torch.zeros(num_slots, dtype=torch.long, device=device),
+        target_cache=target.new_cache(num_slots, capacity),
+        draft_state=drafter.start(num_slots, capacity),
+    )
+
+
+def release_slots(state: BatchState, drafter: Drafter, rows: Tensor) -> None:
+    """Free slots for new requests (continuous batching): lengths to zero, nothing copied."""
+    state.num_tokens[rows] = 0
+    state.target_cache.lengths[rows] = 0
+    drafter.reset(state.draft_state, rows)
+
+
 def generate(
     target: TargetModel,
     drafter: Drafter,
@@ -95,12 +137,7 @@ def generate(
         generators = [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(num)]
     num_drafts = config.num_drafts if drafter.name != "none" else 0
     capacity = max(len(p) for p in prompts) + config.max_new_tokens + num_drafts + 2
-    state = BatchState(
-        token_ids=torch.zeros(num, capacity, dtype=torch.long, device=device),
-        num_tokens=torch.zeros(num, dtype=torch.long, device=device),
-        target_cache=target.new_cache(num, capacity),
-        draft_state=drafter.start(num, capacity),
-    )
+    state = new_batch_state(target, drafter, num, capacity)
     temperatures = torch.full((num,), float(config.temperature), device=device)
     rows = torch.arange(num, device=device)
     outputs: list[list[int]] = [[] for _ in range(num)]
@@ -109,7 +146,7 @@ def generate(
 
     first = prefill(target, drafter, state, rows, prompts, temperatures, list(generators))
     for i, token in enumerate(first.tolist()):
-        finish[i] = _emit(outputs[i], [token], config)
+        finish[i] = emit(outputs[i], [token], config.max_new_tokens, config.stop_token_ids)
 
     while True:
         active = [i for i in range(num) if finish[i] is None]
@@ -123,7 +160,7 @@ def generate(
         )
         for j, i in enumerate(active):
             counters[i].record(verified[j], accepted[j], confs[j] if confs is not None else None)
-            finish[i] = _emit(outputs[i], emitted[j], config)
+            finish[i] = emit(outputs[i], emitted[j], config.max_new_tokens, config.stop_token_ids)
 
     return [
         GenerationResult(list(p), outputs[i], finish[i] or "length", counters[i]) for i, p in enumerate(prompts)
@@ -228,12 +265,12 @@ def speculative_step(
     return emitted, verified, accepted, confs
 
 
-def _emit(output: list[int], tokens: list[int], config: GenerationConfig) -> str | None:
+def emit(output: list[int], tokens: list[int], max_new_tokens: int, stop_token_ids: Sequence[int]) -> str | None:
     """Append tokens up to a stop token or the budget; returns the finish reason once finished."""
     for token in tokens:
         output.append(token)
-        if token in config.stop_token_ids:
+        if token in stop_token_ids:
             return "stop"
-        if len(output) >= config.max_new_tokens:
+        if len(output) >= max_new_tokens:
             return "length"
     return None

@@ -138,7 +138,7 @@ class TargetModel:
             output_hidden_states=bool(self.layer_ids),
             **{self._cache_kwarg: hf_cache},
         )
-        new_kv = [(k[:, :, max_past:], v[:, :, max_past:]) for k, v in _cache_layers(out.past_key_values or hf_cache)]
+        new_kv = [(k[:, :, max_past:], v[:, :, max_past:]) for k, v in _cache_layers(hf_cache)]
         cache.append(rows, new_kv, num_new)
         if self.layer_ids:
             features = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)

@@ -87,7 +87,7 @@ def build_drafter(method: str, *, checkpoint: str | None = None, target: TargetM
         raise ValueError(f"drafter {method!r} needs a checkpoint directory")
     from dspark_core.checkpoint import load_draft
 
-    model = load_draft(checkpoint, device=target.device if target is not None else "cpu")
+    model = load_draft(checkpoint, device=target.device if target is not None else "cpu", target=target)
     if model.config.method != method:
         raise ValueError(f"checkpoint {checkpoint} holds a {model.config.method!r} draft, not {method!r}")
     return as_drafter(model)

@@ -64,10 +64,9 @@ class Drafter(Protocol):
         """Draft `step.num_drafts` tokens after each row's anchor."""
 
 
-class NoDrafter:
-    """`none`: plain decoding. Proposes nothing, so each step emits exactly the target's next token."""
+class StatelessDrafter:
+    """Base of drafters that keep no per-slot state and read no target features."""
 
-    name = "none"
     target_layer_ids: tuple[int, ...] = ()
 
     def start(self, num_slots: int, capacity: int) -> None:
@@ -78,6 +77,12 @@ class NoDrafter:
 
     def observe(self, state: None, rows: Tensor, token_ids: Tensor, features: Tensor, num_new: Tensor) -> None:
         pass
+
+
+class NoDrafter(StatelessDrafter):
+    """`none`: plain decoding. Proposes nothing, so each step emits exactly the target's next token."""
+
+    name = "none"
 
     def propose(self, state: None, step: DraftStep) -> DraftProposal:
         empty = torch.empty(len(step.rows), 0, dtype=torch.long, device=step.token_ids.device)

@@ -14,38 +14,22 @@ Confidence: c_k = Linear([h_k ; W1[x_{k−1}]]).
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from dspark_core.distributions import draw_uniforms, logits_to_probs, sample_from_probs
 from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.drafters.config import DraftConfig
 from dspark_core.drafters.heads import SEQUENTIAL_HEADS, ConfidenceHead
-from dspark_core.drafters.layers import DraftDecoderLayer, FrozenTargetEmbeddings, RMSNorm
+from dspark_core.drafters.layers import TargetFedDraft
 from dspark_core.kv_slots import KVSlots
 
 
-class DSparkModel(FrozenTargetEmbeddings):
+class DSparkModel(TargetFedDraft):
     def __init__(self, config: DraftConfig):
-        super().__init__()
-        c = self.config = config
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.fc = nn.Linear(c.num_target_features * c.target_hidden_size, c.hidden_size, bias=False)
-        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.layers = nn.ModuleList(
-            DraftDecoderLayer(
-                c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_kv_heads,
-                c.head_dim, c.rms_norm_eps, c.rope_theta,
-            )
-            for _ in range(c.num_layers)
-        )
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        super().__init__(config)
+        c = config
         self.markov_head = SEQUENTIAL_HEADS[c.head](c.vocab_size, c.markov_rank, c.hidden_size) if c.head != "none" else None
         self.confidence_head = ConfidenceHead(c.hidden_size, c.markov_rank) if c.confidence_head else None
-
-    def fuse(self, features: Tensor) -> Tensor:
-        """[..., n·target_hidden] raw target hidden states → [..., hidden] context features."""
-        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
 
     def context_kv(self, fused: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Per layer: keys/values [batch, kv_heads, seq, head_dim] of fused context features."""

@@ -15,30 +15,14 @@ from torch import Tensor, nn
 from dspark_core.distributions import draw_uniforms, logits_to_probs, sample_from_probs
 from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.drafters.config import DraftConfig
-from dspark_core.drafters.layers import DraftDecoderLayer, FrozenTargetEmbeddings, RMSNorm
+from dspark_core.drafters.layers import TargetFedDraft
 from dspark_core.kv_slots import KVSlots
 
 
-class Eagle3Model(FrozenTargetEmbeddings):
+class Eagle3Model(TargetFedDraft):
     def __init__(self, config: DraftConfig):
-        super().__init__()
-        c = self.config = config
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.fc = nn.Linear(c.num_target_features * c.target_hidden_size, c.hidden_size, bias=False)
-        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.input_proj = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=False)
-        self.layers = nn.ModuleList(
-            DraftDecoderLayer(
-                c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_kv_heads,
-                c.head_dim, c.rms_norm_eps, c.rope_theta,
-            )
-            for _ in range(c.num_layers)
-        )
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-
-    def fuse(self, features: Tensor) -> Tensor:
-        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        super().__init__(config)
+        self.input_proj = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
 
     def decode(
         self,

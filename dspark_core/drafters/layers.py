@@ -121,15 +121,35 @@ class DraftDecoderLayer(nn.Module):
         return (x, kv) if return_kv else x
 
 
-class FrozenTargetEmbeddings(nn.Module):
-    """Base of drafters that share the target's vocabulary: `embed_tokens` and `lm_head` are frozen copies."""
+class TargetFedDraft(nn.Module):
+    """What every model drafter shares: the target's vocabulary (`embed_tokens`, `lm_head`: frozen
+    copies), the fused-feature input (`fc` over the concatenated target layers, then `hidden_norm`),
+    a stack of decoder layers and a final `norm`."""
 
-    embed_tokens: nn.Embedding
-    lm_head: nn.Linear
+    def __init__(self, config):
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.fc = nn.Linear(c.num_target_features * c.target_hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DraftDecoderLayer(
+                c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_kv_heads,
+                c.head_dim, c.rms_norm_eps, c.rope_theta,
+            )
+            for _ in range(c.num_layers)
+        )
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
     def copy_target_embeddings(self, embed: nn.Embedding, lm_head: nn.Module) -> None:
+        """Copy and freeze the target's embeddings and LM head (never trained with the draft)."""
         with torch.no_grad():
             self.embed_tokens.weight.copy_(embed.weight)
             self.lm_head.weight.copy_(lm_head.weight)
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
+
+    def fuse(self, features: Tensor) -> Tensor:
+        """[..., n·target_hidden] raw target hidden states → [..., hidden] context features."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))

@@ -9,26 +9,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dspark_core.drafters.base import DraftProposal, DraftStep
+from dspark_core.drafters.base import DraftProposal, DraftStep, StatelessDrafter
 
 
-class NgramDrafter:
+class NgramDrafter(StatelessDrafter):
     name = "ngram"
-    target_layer_ids: tuple[int, ...] = ()
 
     def __init__(self, min_n: int = 1, max_n: int = 4):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"n-gram sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n, self.max_n = min_n, max_n
-
-    def start(self, num_slots: int, capacity: int) -> None:
-        return None
-
-    def reset(self, state: None, rows: Tensor) -> None:
-        pass
-
-    def observe(self, state: None, rows: Tensor, token_ids: Tensor, features: Tensor, num_new: Tensor) -> None:
-        pass
 
     def propose(self, state: None, step: DraftStep) -> DraftProposal:
         n = step.num_drafts

@@ -341,3 +341,19 @@ def test_deepspec_head_type_mapping_and_refusals(qwen3_target):
         deepspec_draft_config(dict(hf, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6}))
     with pytest.raises(ValueError, match="draft_vocab_size"):
         deepspec_draft_config(dict(hf, draft_vocab_size=32))
+
+
+def test_shared_embeddings_and_bf16_storage_round_trip(qwen3_target, tmp_path):
+    """A draft saved without its (frozen, target-copied) embeddings loads back only with the target."""
+    model = build_draft_model(_config(qwen3_target, "dspark"))
+    model.copy_target_embeddings(qwen3_target.input_embeddings(), qwen3_target.output_embeddings())
+    save_draft(model, tmp_path, dtype=torch.bfloat16, share_target_embeddings=True)
+    stored = load_file(str(tmp_path / WEIGHTS_FILE))
+    assert "embed_tokens.weight" not in stored and "lm_head.weight" not in stored
+    assert {t.dtype for t in stored.values()} == {torch.bfloat16}
+    with pytest.raises(ValueError, match="embed_tokens.weight / lm_head.weight.*pass target="):
+        load_draft(tmp_path)
+    loaded = load_draft(tmp_path, dtype=torch.float32, target=qwen3_target)
+    assert torch.equal(loaded.lm_head.weight, qwen3_target.output_embeddings().weight)
+    assert torch.equal(loaded.fc.weight, model.fc.weight.to(torch.bfloat16).float())
+    assert not loaded.embed_tokens.weight.requires_grad

@@ -239,12 +239,21 @@ def check_counters(result: GenerationResult, config: GenerationConfig, gamma: in
         assert stops == [len(out) - 1]  # stops at the first stop token, inclusive
         before_last = produced - (c.num_accepted[-1] + 1) if steps else 0
         assert before_last < len(out) <= produced  # only the last step's emission was cut
+    # Per-position counts, recomputed from the per-step lists by a different route.
+    verified_at, accepted_at = c.position_counts()
+    for k in range(1, gamma + 1):
+        assert verified_at[k - 1] == sum(1 for v in c.num_verified if v >= k)
+        assert accepted_at[k - 1] == sum(1 for a in c.num_accepted if a >= k)
+    assert c.num_drafted == sum(verified_at)
     if has_confidence:
         assert len(c.confidence_logits) == steps
         assert [len(x) for x in c.confidence_logits] == c.num_verified
         assert all(np.isfinite(x) for row in c.confidence_logits for x in row)
+        outcomes = c.confidence_outcomes()
+        assert len(outcomes) == c.num_drafted
+        assert sum(survived for _, _, survived in outcomes) == sum(c.num_accepted)
     else:
-        assert c.confidence_logits == []
+        assert c.confidence_logits == [] and c.confidence_outcomes() == []
 
 
 # ============================================================================ a. greedy

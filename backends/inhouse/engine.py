@@ -1,0 +1,204 @@
+"""The in-house engine: continuous batching over `dspark_core`'s one generation loop.
+
+Each `step()` first admits waiting requests into free slots (one batched prefill for all of them:
+their first token comes from the target, which is their TTFT), then runs one speculative step for
+every active request: each drafts γ tokens, the policy picks each request's verify length, one
+batched target forward verifies all of them, accepted tokens and the bonus are committed and caches
+roll back to the accepted length. Finished requests free their slots at once, so waiting requests join
+as others finish. Nothing here changes what is sampled: the engine only decides *when* a request
+runs, and the loop's losslessness holds for every interleaving (each request draws only from its
+own generator).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from dspark_core.calibration import OnlineCalibrator
+from dspark_core.drafters.base import Drafter
+from dspark_core.generate import (RequestCounters, VerifyPolicy, emit, new_batch_state, prefill, release_slots,
+                                  speculative_step)
+from dspark_core.target import TargetModel
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_slots: int = 64  # requests decoded together at most (the batch)
+    max_context: int = 2048  # prompt + output tokens a slot holds
+    num_drafts: int = 7  # γ drafted per step (a policy may verify fewer)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    arrival_s: float | None = None  # engine clock; None: when submitted
+
+
+@dataclass
+class Completed:
+    """A finished request with its raw timings (engine clock, seconds) and counters."""
+
+    request: Request
+    output_ids: list[int]
+    finish_reason: str  # stop | length
+    counters: RequestCounters
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    emissions: list[tuple[float, int]]  # (time, tokens emitted at once); the first is the prefill token
+
+
+@dataclass
+class StepStats:
+    """One engine step, for per-step metrics (verified tokens per step vs batch size)."""
+
+    start_s: float
+    end_s: float
+    num_prefilled: int
+    batch_size: int  # requests in the speculative step
+    verified_tokens: int  # drafts verified + one target position per request
+    accepted_drafts: int
+
+
+@dataclass
+class _Slot:
+    request: Request
+    generator: torch.Generator
+    counters: RequestCounters
+    arrival_s: float
+    first_token_s: float = 0.0
+    output: list[int] = field(default_factory=list)
+    emissions: list[tuple[float, int]] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(
+        self,
+        target: TargetModel,
+        drafter: Drafter,
+        config: EngineConfig = EngineConfig(),
+        policy: VerifyPolicy | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        calibrator: OnlineCalibrator | None = None,
+    ):
+        """`calibrator`, if given, observes every step's confidences with their outcomes (online STS);
+        a policy holding the same calibrator then schedules with temperatures refitted while serving."""
+        self.target, self.drafter, self.config, self.policy, self.clock = target, drafter, config, policy, clock
+        self.calibrator = calibrator
+        self.num_drafts = config.num_drafts if drafter.name != "none" else 0
+        self.capacity = config.max_context + self.num_drafts + 2
+        self.state = new_batch_state(target, drafter, config.num_slots, self.capacity)
+        self.waiting: deque[Request] = deque()
+        self.slots: dict[int, _Slot] = {}
+        self.free = list(range(config.num_slots))[::-1]
+        self.steps: list[StepStats] = []
+
+    @property
+    def num_active(self) -> int:
+        return len(self.slots)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.slots)
+
+    def submit(self, request: Request) -> None:
+        if len(request.prompt_ids) == 0:
+            raise ValueError(f"request {request.request_id}: empty prompt")
+        if len(request.prompt_ids) + request.max_new_tokens > self.config.max_context:
+            raise ValueError(
+                f"request {request.request_id}: prompt {len(request.prompt_ids)} + max_new_tokens "
+                f"{request.max_new_tokens} exceeds the engine's max_context {self.config.max_context}"
+            )
+        if request.arrival_s is None:
+            request.arrival_s = self.clock()
+        self.waiting.append(request)
+
+    def step(self) -> list[Completed]:
+        """Admit what fits, then one speculative step over every active request."""
+        start = self.clock()
+        done = self._admit()
+        rows = sorted(self.slots)
+        verified = accepted = 0
+        if rows:
+            slots = [self.slots[r] for r in rows]
+            device = self.target.device
+            budgets = torch.tensor([s.request.max_new_tokens - len(s.output) for s in slots], device=device)
+            emitted, n_verified, n_accepted, confs = speculative_step(
+                self.target, self.drafter, self.state, torch.tensor(rows, device=device),
+                torch.tensor([s.request.temperature for s in slots], device=device),
+                [s.generator for s in slots], self.num_drafts, budgets - 1, self.policy,
+            )
+            now = self.clock()
+            for j, (row, slot) in enumerate(zip(rows, slots)):
+                slot.counters.record(n_verified[j], n_accepted[j], confs[j] if confs is not None else None)
+                before = len(slot.output)
+                reason = emit(slot.output, emitted[j], slot.request.max_new_tokens, slot.request.stop_token_ids)
+                slot.emissions.append((now, len(slot.output) - before))
+                if reason is not None:
+                    done.append(self._finish(row, reason, now))
+            verified = sum(n_verified) + len(rows)
+            accepted = sum(n_accepted)
+            if self.calibrator is not None and confs is not None:
+                self._observe_outcomes(confs, n_verified, n_accepted)
+        self.steps.append(StepStats(start, self.clock(), len(done), len(rows), verified, accepted))
+        return done
+
+    def _observe_outcomes(self, confs: list[list[float]], n_verified: list[int], n_accepted: list[int]) -> None:
+        table = torch.zeros(len(confs), self.num_drafts)
+        for j, row in enumerate(confs):
+            table[j, : len(row)] = torch.tensor(row)
+        self.calibrator.observe(table, torch.tensor(n_verified), torch.tensor(n_accepted))
+
+    def _admit(self) -> list[Completed]:
+        admitted: list[tuple[int, Request]] = []
+        while self.waiting and self.free:
+            admitted.append((self.free.pop(), self.waiting.popleft()))
+        if not admitted:
+            return []
+        device = self.target.device
+        rows = torch.tensor([row for row, _ in admitted], device=device)
+        release_slots(self.state, self.drafter, rows)
+        slots = [
+            _Slot(r, torch.Generator(device="cpu").manual_seed(r.seed), RequestCounters(self.num_drafts), r.arrival_s)
+            for _, r in admitted
+        ]
+        first = prefill(
+            self.target, self.drafter, self.state, rows, [r.prompt_ids for _, r in admitted],
+            torch.tensor([r.temperature for _, r in admitted], device=device), [s.generator for s in slots],
+        )
+        now = self.clock()
+        done = []
+        for (row, request), slot, token in zip(admitted, slots, first.tolist()):
+            slot.first_token_s = now
+            slot.emissions.append((now, 1))
+            self.slots[row] = slot
+            reason = emit(slot.output, [token], request.max_new_tokens, request.stop_token_ids)
+            if reason is not None:
+                done.append(self._finish(row, reason, now))
+        return done
+
+    def _finish(self, row: int, reason: str, now: float) -> Completed:
+        slot = self.slots.pop(row)
+        self.free.append(row)
+        return Completed(
+            slot.request, slot.output, reason, slot.counters, slot.arrival_s, slot.first_token_s, now, slot.emissions
+        )
+
+    def run_to_completion(self, requests: Sequence[Request]) -> list[Completed]:
+        """Submit everything now and step until all finish (offline batch mode)."""
+        for r in requests:
+            self.submit(r)
+        done: list[Completed] = []
+        while self.has_work:
+            done += self.step()
+        return done

@@ -1,0 +1,200 @@
+"""The embedded default's drafts: DSpark (Markov and RNN heads), DFlash and Eagle3-style, trained here.
+
+Recipe (DeepSpec's, at toy scale): the target answers a mix of training prompts (math, code, chat;
+never the evaluation sets) itself, half greedily and half sampled at T = 1, so the drafts learn the
+distribution they will be verified against at both temperatures; one target forward per sequence
+records the hidden states the drafts read and the logits the L1/BCE terms need; every draft trains on
+the same cache with the same step budget. STS temperatures are then fitted for the DSpark drafts on
+held-out prompts (the corpus' validation split), sampled at T = 1 where acceptance is uncertain.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from dspark_core.calibration import fit_sts
+from dspark_core.checkpoint import save_draft
+from dspark_core.drafters import as_drafter, build_draft_model, draft_config_for
+from dspark_core.generate import GenerationConfig, generate
+from dspark_core.target import TargetModel
+from dspark_core.target_cache import TargetCache, build_target_cache
+from dspark_core.training import TrainConfig, evaluate_draft, train_draft
+from harness.embedded.corpus import DOMAINS, Corpus
+from harness.embedded.evaluate import confidence_table, stop_tokens
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """One draft of the embedded default: its directory name and how it is built."""
+
+    name: str
+    method: str  # dspark | dflash | eagle3
+    head: str = "markov"
+    num_layers: int = 2
+
+
+DRAFTS: tuple[DraftSpec, ...] = (
+    DraftSpec("dspark", "dspark", "markov"),
+    DraftSpec("dspark-rnn", "dspark", "rnn"),
+    DraftSpec("dflash", "dflash", "none"),
+    DraftSpec("eagle3", "eagle3", "none", num_layers=1),
+)
+
+
+@dataclass(frozen=True)
+class DraftPreset:
+    prompts_per_domain: int = 160  # cache prompts; half answered greedily, half at T = 1
+    max_new_tokens: int = 160
+    markov_rank: int = 64  # r scaled to the model: the paper's 256 is for V = 152k, hidden 2.5k–5k
+    block_size: int = 7
+    train: TrainConfig = TrainConfig(steps=500, lr=3e-3, batch_size=8, anchors_per_sequence=24)
+    sts_prompts_per_domain: int = 32
+    sts_gamma: int = 7
+
+
+DRAFT_PRESETS = {
+    "default": DraftPreset(),
+    "reduced": DraftPreset(
+        prompts_per_domain=16, max_new_tokens=48, markov_rank=32,
+        train=TrainConfig(steps=40, lr=3e-3, batch_size=4, anchors_per_sequence=8), sts_prompts_per_domain=8,
+    ),
+}
+
+
+@dataclass
+class DraftReport:
+    name: str
+    method: str
+    head: str
+    num_params_trainable: int
+    train_seconds: float
+    loss_first: float
+    loss_last: float
+    heldout_loss: float
+    heldout_acceptance: float  # mean analytic acceptance α at T = 1 on held-out sequences
+    sts_temperatures: dict[str, list[float]] | None = None  # decoding temperature ("0", "1") → one per position
+
+
+def chat_prompt(tokenizer, user: str) -> list[int]:
+    from harness.tasks import tokenize_messages
+
+    return tokenize_messages(tokenizer, [{"role": "user", "content": user}])
+
+
+def cache_prompts(corpus: Corpus, tokenizer, per_domain: int) -> list[list[int]]:
+    """First user turns of the first `per_domain` training examples of each domain (corpus order is fixed)."""
+    prompts: list[list[int]] = []
+    for domain in DOMAINS:
+        examples = [e for e in corpus.train if e.domain == domain][:per_domain]
+        prompts += [chat_prompt(tokenizer, e.turns[0][0]) for e in examples]
+    return prompts
+
+
+def heldout_prompts(corpus: Corpus, tokenizer, per_domain: int) -> list[list[int]]:
+    return [chat_prompt(tokenizer, e.turns[0][0]) for d in DOMAINS for e in corpus.val[d][:per_domain]]
+
+
+def build_cache(target: TargetModel, tokenizer, corpus: Corpus, preset: DraftPreset, layer_ids, seed: int) -> TargetCache:
+    prompts = cache_prompts(corpus, tokenizer, preset.prompts_per_domain)
+    greedy, sampled = prompts[0::2], prompts[1::2]
+    common = dict(layer_ids=layer_ids, max_new_tokens=preset.max_new_tokens, stop_token_ids=stop_tokens(tokenizer),
+                  logits_dtype=torch.bfloat16, batch_size=48)
+    a = build_target_cache(target, greedy, temperature=0.0, seed=seed, **common)
+    b = build_target_cache(target, sampled, temperature=1.0, seed=seed + 100_000, **common)
+    return TargetCache(a.sequences + b.sequences, a.layer_ids, {"halves": [a.meta, b.meta]})
+
+
+STS_DECODING_TEMPERATURES = (0.0, 1.0)
+
+
+def fit_temperatures(target: TargetModel, model, tokenizer, corpus: Corpus, preset: DraftPreset, seed: int) -> dict[str, list[float]]:
+    """STS on held-out prompts, one fit per decoding temperature.
+
+    The confidence head learns α at T = 1; greedy verification accepts more (exact match with the
+    argmax), so a single set of temperatures cannot calibrate both. Keyed by f"{T:g}"; a temperature
+    at which no verify step happened (every answer ended at its first token) has no entry.
+    """
+    prompts = heldout_prompts(corpus, tokenizer, preset.sts_prompts_per_domain)
+    fitted = {}
+    for temperature in STS_DECODING_TEMPERATURES:
+        config = GenerationConfig(max_new_tokens=preset.max_new_tokens, num_drafts=preset.sts_gamma,
+                                  temperature=temperature, stop_token_ids=stop_tokens(tokenizer))
+        results = generate(target, as_drafter(model), prompts, config, seed=seed)
+        table = confidence_table(results, preset.sts_gamma)
+        if table is None:  # every answer ended at its first token: nothing to calibrate on
+            continue
+        fitted[f"{temperature:g}"] = [float(t) for t in fit_sts(*table)]
+    return fitted
+
+
+def build_drafts(
+    target_dir: str | Path,
+    out_dir: str | Path,
+    corpus: Corpus,
+    *,
+    preset: str | DraftPreset = "default",
+    seed: int = 0,
+    drafts: tuple[DraftSpec, ...] = DRAFTS,
+    log: Callable[[str], None] = print,
+) -> list[DraftReport]:
+    """Train every draft in `drafts` for the target in `target_dir`; write each to `out_dir/<name>`."""
+    from transformers import AutoTokenizer
+
+    p = DRAFT_PRESETS[preset] if isinstance(preset, str) else preset
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    target = TargetModel.from_pretrained(target_dir)
+    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
+    configs = {
+        d.name: draft_config_for(
+            target, d.method, mask_token_id=mask_id, head=d.head, num_layers=d.num_layers,
+            markov_rank=p.markov_rank, block_size=p.block_size,
+        )
+        for d in drafts
+    }
+    layer_ids = next(iter(configs.values())).target_layer_ids
+    start = time.perf_counter()
+    cache = build_cache(target, tokenizer, corpus, p, layer_ids, seed)
+    heldout = build_target_cache(
+        target, heldout_prompts(corpus, tokenizer, p.sts_prompts_per_domain), layer_ids=layer_ids,
+        max_new_tokens=p.max_new_tokens, temperature=1.0, stop_token_ids=stop_tokens(tokenizer),
+        seed=seed + 200_000, logits_dtype=torch.bfloat16, batch_size=48,
+    )
+    log(f"target cache: {len(cache)} sequences, {sum(s.num_tokens for s in cache.sequences)} tokens "
+        f"in {time.perf_counter() - start:.0f} s")
+    reports = []
+    for d in drafts:
+        torch.manual_seed(seed)
+        model = build_draft_model(configs[d.name])
+        model.copy_target_embeddings(target.input_embeddings(), target.output_embeddings())
+        train_cfg = replace(p.train, seed=seed)
+        result = train_draft(cache, model, train_cfg)
+        model.eval()
+        held = evaluate_draft(heldout, model, train_cfg)
+        temps = fit_temperatures(target, model, tokenizer, corpus, p, seed) if configs[d.name].confidence_head else None
+        report = DraftReport(
+            name=d.name, method=d.method, head=d.head,
+            num_params_trainable=sum(t.numel() for t in model.parameters() if t.requires_grad),
+            train_seconds=result.seconds, loss_first=result.losses[0], loss_last=result.losses[-1],
+            heldout_loss=float(held.total), heldout_acceptance=float(held.acceptance), sts_temperatures=temps,
+        )
+        # bf16 on disk and no embeddings (shared with the target): the committed build stays small.
+        save_draft(model, Path(out_dir) / d.name, dtype=torch.bfloat16, share_target_embeddings=True,
+                   extra={"sts_temperatures": temps, "training": asdict(report),
+                          "train_config": _jsonable(asdict(train_cfg))})
+        log(f"{d.name}: loss {report.loss_first:.3f} → {report.loss_last:.3f}, held-out α {report.heldout_acceptance:.3f}, "
+            f"{report.train_seconds:.0f} s")
+        reports.append(report)
+    return reports
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value if isinstance(value, (int, float, str, bool, type(None))) else str(value)

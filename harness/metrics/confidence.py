@@ -1,0 +1,78 @@
+"""Calibration of the confidence head over the records: ECE and Brier, raw and STS-calibrated.
+
+The statistics themselves (20 equal-width bins of cumulative survival a_j per position, count-weighted;
+observed positions only) are defined once in `dspark_core.calibration`; this module only builds its
+[cycles, γ] input from the records and names the results. A cycle is a verify step of a succeeded
+request whose drafter carried a confidence head; unverified positions are padded and never observed.
+
+SQL mirror: `step_confidences(request_id, step, position, logit)` joined to `ok_steps`; a_j is a
+windowed `exp(sum(ln(sigmoid(logit / T_j))) OVER (PARTITION BY request_id, step ORDER BY position))`,
+realised y_j = `num_accepted >= position` (rows with position <= num_verified only), bin
+`least(floor(a_j * 20), 19)`; per (position, bin) `gap = sum(a_j) - sum(y_j)`, then per position
+`ECE_j = sum(abs(gap)) / N_j` and overall `sum(abs(gap)) / sum(N_j)`; Brier `avg((a_j - y_j)^2)`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from harness.metrics.metric import Metric
+from harness.metrics.records import RequestRecord
+
+
+def confidence_table(records: Sequence[RequestRecord]):
+    """(conf_logits [cycles, γ] float64, num_verified [cycles], num_accepted [cycles]) or None if no
+    succeeded record carries confidences; γ is the largest num_drafts among those that do."""
+    with_conf = [r for r in records if not r.failed and r.confidence_logits]
+    if not with_conf:
+        return None
+    import torch
+    gamma = max(r.num_drafts for r in with_conf)
+    rows, verified, accepted = [], [], []
+    for r in with_conf:
+        for logits, v, a in zip(r.confidence_logits, r.num_verified, r.num_accepted):
+            rows.append(list(logits) + [0.0] * (gamma - len(logits)))  # padding is never observed (j > v)
+            verified.append(v)
+            accepted.append(a)
+    return (
+        torch.tensor(rows, dtype=torch.float64).reshape(len(rows), gamma),
+        torch.tensor(verified, dtype=torch.long),
+        torch.tensor(accepted, dtype=torch.long),
+    )
+
+
+def calibration_reports(records: Sequence[RequestRecord], temperatures=None, num_bins: int = 20):
+    """(raw report, calibrated report or None) from `dspark_core.calibration.expected_calibration_error`,
+    the table built once; None if no record carries confidences. `temperatures`: STS T_j, [γ]."""
+    table = confidence_table(records)
+    if table is None:
+        return None
+    import torch
+
+    from dspark_core.calibration import expected_calibration_error
+    raw = expected_calibration_error(*table, num_bins=num_bins)
+    calibrated = None
+    if temperatures is not None:
+        temps = torch.as_tensor(temperatures, dtype=torch.float64)
+        if temps.shape != (table[0].shape[1],):
+            raise ValueError(f"temperatures must be [γ={table[0].shape[1]}], got shape {tuple(temps.shape)}")
+        calibrated = expected_calibration_error(*table, temperatures=temps, num_bins=num_bins)
+    return raw, calibrated
+
+
+def calibration_metrics(records: Sequence[RequestRecord], temperatures=None, num_bins: int = 20) -> dict[str, Metric]:
+    """`ece_raw`, `brier_raw` and per position `ece_raw_k<j>` (n = observed cycles), and the same with
+    `calibrated` when STS temperatures are given. ECE and Brier are fractions (0 … 1), not percent."""
+    reports = calibration_reports(records, temperatures, num_bins)
+    if reports is None:
+        return {}
+    out: dict[str, Metric] = {}
+    for label, report in zip(("raw", "calibrated"), reports):
+        if report is None:
+            continue
+        total = int(report.num_observed.sum())
+        out[f"ece_{label}"] = Metric(report.ece, "fraction", total)
+        out[f"brier_{label}"] = Metric(report.brier, "fraction", total)
+        for row in report.position_rows():
+            out[f"ece_{label}_k{row['position']}"] = Metric(row["ece"], "fraction", row["num_observed"])
+    return out

@@ -1,0 +1,168 @@
+"""Raw records a backend reports: one `RequestRecord` per request, one `StepRecord` per engine step.
+
+Records hold counts and timestamps only; every ratio is derived in `harness.metrics`, once. Timestamps
+are seconds on one monotonic clock per run (e.g. `time.perf_counter()` of the process that drives the
+engine), so only differences between them mean anything.
+
+Words (as in `dspark_core.verification`): at a verify step a request sends its anchor and
+`num_verified` of its drafts (0 … γ) to the target; `num_accepted` (0 … num_verified) of them are accepted
+as a run from the start, and the target adds one recovered (after a rejection) or bonus (all accepted)
+token, so a step emits `num_accepted + 1` tokens. Drafts proposed but not verified are never counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request: token counts, timestamps and per-step verification counters.
+
+    A request is failed iff `error` is set; then `finish_s` is when it failed, and the counts and times
+    hold whatever it produced before. The per-step tuples are aligned, one entry per verify step (the
+    first output token comes from prefill and is no verify step).
+    """
+
+    request_id: str
+    prompt_tokens: int
+    output_tokens: int
+    arrival_s: float  # handed to the engine
+    first_token_s: float | None  # first output token emitted (None: failed before it)
+    finish_s: float  # last token emitted, or the failure; this time places the request in a window
+    # [output_tokens] emission time of each token; all tokens of one step carry the same time; () if unreported
+    token_times_s: tuple[float, ...] = ()
+    num_drafts: int = 0  # γ of the run (0: plain decoding)
+    num_verified: tuple[int, ...] = ()  # [steps] drafts verified per step, 0 … γ
+    num_accepted: tuple[int, ...] = ()  # [steps] drafts accepted per step, 0 … num_verified
+    confidence_logits: tuple[tuple[float, ...], ...] = ()  # [steps][num_verified] raw head logits; () without a head
+    finish_reason: str = "length"  # "stop" | "length" | "abort" | "error"
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("token_times_s", "num_verified", "num_accepted"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "confidence_logits", tuple(tuple(c) for c in self.confidence_logits))
+        self._check()
+
+    def _check(self) -> None:
+        where = f"request {self.request_id!r}"
+        if self.prompt_tokens < 0 or self.output_tokens < 0 or self.num_drafts < 0:
+            raise ValueError(f"{where}: prompt_tokens, output_tokens and num_drafts must be >= 0")
+        if len(self.num_verified) != len(self.num_accepted):
+            raise ValueError(f"{where}: num_verified and num_accepted must have one entry per step")
+        for v, a in zip(self.num_verified, self.num_accepted):
+            if not 0 <= a <= v <= self.num_drafts:
+                raise ValueError(f"{where}: need 0 <= accepted <= verified <= γ={self.num_drafts}, got ({v}, {a})")
+        if self.confidence_logits:
+            if len(self.confidence_logits) != len(self.num_verified):
+                raise ValueError(f"{where}: confidence_logits must have one entry per step (or none)")
+            if any(len(c) != v for c, v in zip(self.confidence_logits, self.num_verified)):
+                raise ValueError(f"{where}: each step needs one confidence logit per verified draft")
+        if self.first_token_s is not None and not self.arrival_s <= self.first_token_s <= self.finish_s:
+            raise ValueError(f"{where}: need arrival_s <= first_token_s <= finish_s")
+        if self.finish_s < self.arrival_s:
+            raise ValueError(f"{where}: finish_s is before arrival_s")
+        times = self.token_times_s
+        if times:
+            if len(times) != self.output_tokens:
+                raise ValueError(f"{where}: token_times_s needs one time per output token ({self.output_tokens})")
+            if any(b < a for a, b in zip(times, times[1:])):
+                raise ValueError(f"{where}: token_times_s must be non-decreasing")
+            if times[0] != self.first_token_s or times[-1] > self.finish_s:
+                raise ValueError(f"{where}: token_times_s must start at first_token_s and end by finish_s")
+        if self.error is None and (self.first_token_s is None or self.output_tokens < 1):
+            raise ValueError(f"{where}: a request that did not fail needs a first token")
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.num_verified)
+
+    @property
+    def num_drafted(self) -> int:
+        """Drafts verified over the request (the vLLM `num_draft_tokens`)."""
+        return sum(self.num_verified)
+
+    @property
+    def num_accepted_drafts(self) -> int:
+        return sum(self.num_accepted)
+
+    @property
+    def accepted_histogram(self) -> tuple[int, ...]:
+        """[γ+1]: entry k = steps that accepted exactly k drafts."""
+        hist = [0] * (self.num_drafts + 1)
+        for a in self.num_accepted:
+            hist[a] += 1
+        return tuple(hist)
+
+    def position_counts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Per draft position k = 1 … γ: (steps that verified position k, steps that accepted drafts 1 … k)."""
+        k_range = range(1, self.num_drafts + 1)
+        verified = tuple(sum(v >= k for v in self.num_verified) for k in k_range)
+        accepted = tuple(sum(a >= k for a in self.num_accepted) for k in k_range)
+        return verified, accepted
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step (one target forward over the verify batch), summed over its active requests."""
+
+    step: int  # index in the run, from 0
+    t_s: float  # end of the step (its tokens committed); this time places the step in a window
+    batch_size: int  # active requests; each verifies its anchor, so each emits >= 1 token
+    num_verified: int  # drafts verified over the batch; target tokens in the forward = num_verified + batch_size
+    num_accepted: int  # drafts accepted over the batch; tokens emitted = num_accepted + batch_size
+    wall_s: float  # wall time of the step (draft + verify + commit)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 0 or not 0 <= self.num_accepted <= self.num_verified or self.wall_s < 0:
+            raise ValueError(f"step {self.step}: need batch_size >= 0, 0 <= accepted <= verified, wall_s >= 0")
+
+
+def from_counters(
+    counters,
+    *,
+    request_id: str,
+    prompt_tokens: int,
+    output_tokens: int,
+    arrival_s: float,
+    first_token_s: float | None,
+    finish_s: float,
+    token_times_s: Sequence[float] = (),
+    emissions: Sequence[tuple[float, int]] = (),
+    finish_reason: str = "length",
+    error: str | None = None,
+) -> RequestRecord:
+    """A `RequestRecord` from `dspark_core.generate.RequestCounters` (read by duck typing, so this module
+    imports no backend) and the timestamps the caller measured around the loop.
+
+    Token times come either per token (`token_times_s`) or as emission events `(time, tokens emitted
+    together)` — the engine's form — which expand to one time per token.
+    """
+    if emissions:
+        if token_times_s:
+            raise ValueError(f"request {request_id!r}: give token_times_s or emissions, not both")
+        token_times_s = [t for t, count in emissions for _ in range(count)]
+    record = RequestRecord(
+        request_id=request_id,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        arrival_s=arrival_s,
+        first_token_s=first_token_s,
+        finish_s=finish_s,
+        token_times_s=tuple(token_times_s),
+        num_drafts=counters.num_drafts,
+        num_verified=tuple(counters.num_verified),
+        num_accepted=tuple(counters.num_accepted),
+        confidence_logits=tuple(tuple(c) for c in counters.confidence_logits),
+        finish_reason=finish_reason,
+        error=error,
+    )
+    if tuple(counters.accepted_histogram) != record.accepted_histogram:
+        raise ValueError(f"request {request_id!r}: counters' histogram disagrees with their per-step counts")
+    return record
