@@ -99,14 +99,6 @@ def _stable_hash(key: str) -> str:
     return hashlib.sha1(key.encode()).hexdigest()
 
 
-def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
-    """`data_dir`, else `$HARNESS_DATA_DIR`; the folder that holds `gsm8k/train.jsonl`."""
-    value = data_dir if data_dir is not None else os.environ.get("HARNESS_DATA_DIR")
-    if not value:
-        raise ValueError("no data directory: pass data_dir or set HARNESS_DATA_DIR (the folder with gsm8k/)")
-    return Path(value)
-
-
 # ---- math -------------------------------------------------------------------------------------------
 
 _CALC = re.compile(r"<<[^<>]*>>")
@@ -124,16 +116,13 @@ def gsm8k_solution(answer: str) -> str:
 
 
 def math_examples(data_dir: str | os.PathLike | None) -> list[ChatExample]:
-    path = resolve_data_dir(data_dir) / "gsm8k" / "train.jsonl"
-    examples = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            user = f"{row['question'].strip()}\n{MATH_INSTRUCTION}"
-            examples.append(ChatExample("math", f"gsm8k:{i}", ((user, gsm8k_solution(row["answer"])),)))
-    return examples
+    """GSM8K train through the task loaders (`$HARNESS_DATA_DIR`, else the hub; their errors name the files)."""
+    from harness.tasks import gsm8k_train_pairs
+
+    return [
+        ChatExample("math", f"gsm8k:{i}", ((f"{question.strip()}\n{MATH_INSTRUCTION}", gsm8k_solution(answer)),))
+        for i, (question, answer) in enumerate(gsm8k_train_pairs(data_dir))
+    ]
 
 
 # ---- code -------------------------------------------------------------------------------------------
