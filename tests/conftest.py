@@ -7,8 +7,17 @@ import os
 import pytest
 import torch
 
-# Tiny models: one thread avoids oversubscription when 2 cores are shared; benchmarks set their own.
+# Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's waiting threads
+# make them 10–50× slower: tests run single-threaded; a test that wants more uses `torch_threads`.
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def torch_threads():
+    """Set the torch thread count for one test and restore it afterwards: `torch_threads(2)`."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
 
 
 def tiny_qwen3(vocab_size: int = 96, hidden_size: int = 32, num_layers: int = 4, seed: int = 0):

@@ -45,8 +45,8 @@ def _drafter(head: str, shape: str) -> tuple[DSparkDrafter, DraftStep, torch.Ten
 
 @pytest.mark.parametrize("shape", ["tiny", "small"])
 @pytest.mark.parametrize("head", ["none", "markov"])
-def test_draft_step(benchmark, head: str, shape: str) -> None:
-    torch.set_num_threads(2)
+def test_draft_step(benchmark, torch_threads, head: str, shape: str) -> None:
+    torch_threads(2)
     drafter, step, state = _drafter(head, shape)
     benchmark.group = f"draft-step-{shape}"
     proposal = benchmark(drafter.propose, state, step)

@@ -33,8 +33,8 @@ POLICIES = {
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
-def test_scheduler_decision(benchmark, name: str) -> None:
-    torch.set_num_threads(1)  # the engine runs the scheduler on one host thread
+def test_scheduler_decision(benchmark, torch_threads, name: str) -> None:
+    torch_threads(1)  # the engine runs the scheduler on one host thread
     policy, proposal = POLICIES[name](), _proposal()
     benchmark.group = f"scheduler-{NUM_REQUESTS}x{GAMMA}"
     lengths = benchmark(policy, proposal, None)

@@ -47,16 +47,6 @@ ALPHA = 1e-3  # a correct sampler fails a χ² test this often by chance; the se
 BROKEN_ALPHA = 1e-6  # a broken verifier must fail by at least this much
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's waiting
-    threads make them 10–50× slower; this module runs single-threaded and restores the setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ============================================================================ drafters under test
 
 

@@ -17,16 +17,6 @@ from dspark_core.target import TargetModel, default_target_layer_ids
 ATOL = 1e-4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's waiting
-    threads make them 10–50× slower; this module runs single-threaded and restores the setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class Mirror:
     """What the slots should hold: each row's committed tokens, mirrored in plain Python."""
 
