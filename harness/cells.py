@@ -1,0 +1,150 @@
+"""What one suite cell is and what running it yields: the contract between suite, runner, store and gate.
+
+A `Cell` is one fully specified measurement (backend × target × drafter × γ × task × load × policy ×
+seed); `harness.suite` expands a suite into cells, a backend runs one and returns a `CellResult` of
+raw records, the runner derives the metrics, and the store keeps both. Cells are identified by a hash
+of their canonical parameters, so the same measurement in two runs (or two suites) has the same id:
+that is what the gate pairs on, together with the comparability key of what it ran on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from harness.metrics import MeasurementWindow, MetricSet, RequestRecord, StepRecord
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    name: str  # the suite's name for it (a key of `targets:`)
+    path: str  # local directory or hub id; "embedded" resolves to the committed embedded default
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    name: str  # the suite's name for it (a key of `drafters:`); "none" is plain decoding
+    method: str  # none | dspark | dflash | eagle3 | ngram
+    checkpoint: str | None = None  # draft checkpoint directory (methods with weights)
+    head: str | None = None  # dspark head override (markov | gated | rnn); None: the checkpoint's
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str  # a task of harness.tasks (gsm8k | humaneval | mt_bench | a user task)
+    n_samples: int
+    max_new_tokens: int
+    temperature: float = 0.0
+    multi_turn: bool = True  # conversations with several turns (MT-Bench) run all of them
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """How many of each step's γ drafts to verify (dspark_core.scheduler)."""
+
+    name: str  # full | static | threshold | scheduler | budget
+    verify_length: int | None = None  # static: γ' ≤ γ
+    threshold: float | None = None  # threshold: σ(c_k) cut-off
+    sps_table: str | None = None  # scheduler/budget: SPS(B) table JSON; None: profile or default for the device
+
+
+@dataclass(frozen=True)
+class SLASpec:
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Cell:
+    backend: str  # inhouse | vllm | sglang
+    target: TargetSpec
+    drafter: DrafterSpec
+    num_drafts: int  # γ; 0 for plain decoding
+    task: TaskSpec
+    policy: PolicySpec
+    concurrency: int | None = None  # closed loop (exactly one of concurrency / rate)
+    rate: float | None = None  # open loop, requests/s
+    warmup: int = 0  # first conversations run but not measured
+    seed: int = 0
+    sla: SLASpec | None = None
+    backend_options: tuple[tuple[str, Any], ...] = ()  # sorted (key, value) pairs, e.g. server arguments
+
+    def params(self) -> dict[str, Any]:
+        """Canonical, JSON-able parameters: everything that defines the measurement."""
+        out = asdict(self)
+        out["backend_options"] = dict(self.backend_options)
+        return out
+
+    @property
+    def cell_id(self) -> str:
+        """12 hex digits of sha256 over the canonical parameters: stable across runs, suites and machines."""
+        text = json.dumps(self.params(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @property
+    def is_plain(self) -> bool:
+        return self.drafter.method == "none"
+
+    def axes(self) -> dict[str, Any]:
+        """The flat columns a table shows and the store indexes."""
+        return {
+            "backend": self.backend,
+            "target": self.target.name,
+            "drafter": self.drafter.name,
+            "method": self.drafter.method,
+            "num_drafts": self.num_drafts,
+            "task": self.task.name,
+            "temperature": self.task.temperature,
+            "concurrency": self.concurrency,
+            "rate": self.rate,
+            "policy": self.policy.name,
+            "seed": self.seed,
+        }
+
+    def label(self) -> str:
+        load = f"c{self.concurrency}" if self.concurrency is not None else f"r{self.rate:g}"
+        gamma = "" if self.is_plain else f" γ{self.num_drafts} {self.policy.name}"
+        return f"{self.backend}/{self.target.name}/{self.drafter.name}{gamma}/{self.task.name} T{self.task.temperature:g}/{load}"
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """One request (one turn) with what pairs it across runs and what the audit compares."""
+
+    record: RequestRecord
+    prompt_key: str  # stable across runs: "<task>:<sample index>:<turn>"
+    sample_index: int
+    turn: int
+    warmup: bool
+    output_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class CalibrationBin:
+    """One reliability-diagram bin: positions pooled (position 0) or one draft position k ≥ 1."""
+
+    kind: str  # raw | calibrated
+    position: int
+    bin: int
+    lower: float
+    upper: float
+    count: int
+    confidence_sum: float  # Σ predicted survival a_j in the bin
+    outcome_sum: float  # Σ realised survival y_j in the bin
+
+
+@dataclass
+class CellResult:
+    """Raw records of one cell run; metrics are derived from them (harness.metrics.summarise)."""
+
+    requests: list[RequestResult]
+    steps: list[StepRecord]
+    window: MeasurementWindow
+    provenance: dict[str, str] = field(default_factory=dict)  # target_hash, draft_hash, dataset_hash, backend_version, device
+    sts_temperatures: tuple[float, ...] | None = None  # [γ] calibrated-ECE temperatures of the drafter
+    metrics: MetricSet = field(default_factory=MetricSet)
+    calibration_bins: list[CalibrationBin] = field(default_factory=list)
+    log: str = ""  # what the backend printed (server logs), kept for failed cells
