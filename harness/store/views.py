@@ -1,0 +1,184 @@
+"""The store's SQL views: stable names and columns to query results by, each mirroring harness.metrics.
+
+Why views: the raw tables are shaped for writing (one row per step, per token), and every question a
+user asks — "τ of this drafter across the last ten runs", "speedup per concurrency" — starts with the
+same window rule and the same joins. The views write those once, with the conventions of
+`harness.metrics` (step-weighted ratios, one division; an empty population gives NULL, never NaN or an
+error), so `harness query` and the Python metrics give the same number. Their names and columns are a
+public interface, listed here and in `VIEWS.md`: add columns at the end, never rename or drop one
+without a migration (`migrations.py`) and a line in `VIEWS.md`.
+
+    v_runs          one row per run: run_id, kind, label, status, suite_name, suite_path, suite_hash,
+                    git_sha, git_branch, git_dirty, host_fingerprint, repeats, started_at, finished_at,
+                    duration_s (NULL while running), cells_ok, cells_failed, benchmarks
+    v_cells         one row per (run, cell, repeat): every column of `cells` but `log`, then
+                    duration_s, git_branch, git_sha, host_fingerprint, run_started_at, run_kind, run_label
+    v_metrics       one row per metric value: run_id, started_at (the run's), git_branch, git_sha,
+                    cell_id, repeat, label, backend, target, drafter, method, num_drafts, task,
+                    temperature, concurrency, rate, policy, metric, value, unit, n, comparability_key,
+                    status (the cell's)
+    v_ok_requests   the window's succeeded requests (the metrics' `ok`): every column of `requests`,
+                    rows with error IS NULL AND window_start_s <= finish_s < window_end_s of their cell
+    v_ok_steps      their verify steps (the metrics' `ok_steps`): every column of `request_steps`
+    v_ok_engine_steps  engine steps with window_start_s <= t_s < window_end_s: every column of `engine_steps`
+    v_acceptance    one row per (run, cell, repeat), every cell: run_id, cell_id, repeat, label, status,
+                    requests, steps, drafts_verified, drafts_accepted, acceptance_length (τ, bonus
+                    included: (accepted + steps) / steps), accepted_per_step (accepted / steps),
+                    verified_per_step, draft_acceptance_rate, wasted_verification_fraction
+    v_positions     one row per (run, cell, repeat, position k = 1 … γ), γ = max num_drafts of the ok
+                    requests: run_id, cell_id, repeat, position, verified_k (steps with num_verified ≥ k),
+                    accepted_k (steps with num_accepted ≥ k), reached_k (steps with num_accepted ≥ k − 1
+                    and num_verified ≥ k), unconditional (α_k = accepted_k / verified_k), conditional
+                    (β_k = accepted_k / reached_k)
+    v_speedup       one row per (speculative cell, plain cell) pair of the same run and repeat with
+                    equal backend, target, task (its whole spec: name, samples, max tokens, temperature),
+                    concurrency, rate and seed, both cells ok: run_id, repeat, cell_id, label, backend,
+                    target, drafter, method, num_drafts, task, temperature, concurrency, rate, policy,
+                    seed, plain_cell_id, throughput, plain_throughput, speedup, user_speed_mean,
+                    plain_user_speed_mean, speedup_user_speed, user_speed_p50, plain_user_speed_p50,
+                    speedup_user_speed_p50
+    v_calibration   one row per reliability bin: run_id, cell_id, repeat, label, drafter, task,
+                    temperature, kind, position, bin, lower, upper, count, confidence_sum, outcome_sum,
+                    mean_confidence (confidence_sum / count), accuracy (outcome_sum / count),
+                    gap (mean_confidence − accuracy)
+
+Each view's SQL is the formula its `harness.metrics` twin writes in its docstring; the store's tests
+check that they agree value for value.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+_CELL_KEY = "run_id, cell_id, repeat"
+
+VIEWS: dict[str, str] = {
+    "v_runs": """
+        SELECT r.run_id, r.kind, r.label, r.status, r.suite_name, r.suite_path, r.suite_hash,
+               r.git_sha, r.git_branch, r.git_dirty, r.host_fingerprint, r.repeats, r.started_at, r.finished_at,
+               epoch(r.finished_at - r.started_at) AS duration_s,
+               coalesce(c.cells_ok, 0) AS cells_ok, coalesce(c.cells_failed, 0) AS cells_failed,
+               coalesce(b.benchmarks, 0) AS benchmarks
+        FROM runs r
+        LEFT JOIN (SELECT run_id, count_if(status = 'ok') AS cells_ok, count_if(status = 'failed') AS cells_failed
+                   FROM cells GROUP BY run_id) c USING (run_id)
+        LEFT JOIN (SELECT run_id, count(*) AS benchmarks FROM benchmarks GROUP BY run_id) b USING (run_id)
+    """,
+    "v_cells": """
+        SELECT c.* EXCLUDE (log), epoch(c.finished_at - c.started_at) AS duration_s,
+               r.git_branch, r.git_sha, r.host_fingerprint, r.started_at AS run_started_at,
+               r.kind AS run_kind, r.label AS run_label
+        FROM cells c JOIN runs r USING (run_id)
+    """,
+    "v_metrics": """
+        SELECT m.run_id, r.started_at, r.git_branch, r.git_sha, m.cell_id, m.repeat,
+               c.label, c.backend, c.target, c.drafter, c.method, c.num_drafts, c.task, c.temperature,
+               c.concurrency, c.rate, c.policy, m.metric, m.value, m.unit, m.n,
+               c.comparability_key, c.status
+        FROM metrics m
+        JOIN cells c USING (run_id, cell_id, repeat)
+        JOIN runs r USING (run_id)
+    """,
+    "v_ok_requests": """
+        SELECT q.*
+        FROM requests q JOIN cells c USING (run_id, cell_id, repeat)
+        WHERE q.error IS NULL AND q.finish_s >= c.window_start_s AND q.finish_s < c.window_end_s
+    """,
+    "v_ok_steps": """
+        SELECT s.*
+        FROM request_steps s JOIN v_ok_requests q USING (run_id, cell_id, repeat, request_id)
+    """,
+    "v_ok_engine_steps": """
+        SELECT e.*
+        FROM engine_steps e JOIN cells c USING (run_id, cell_id, repeat)
+        WHERE e.t_s >= c.window_start_s AND e.t_s < c.window_end_s
+    """,
+    "v_acceptance": f"""
+        WITH per_cell AS (
+            SELECT {_CELL_KEY}, count(*) AS steps,
+                   sum(num_verified) AS drafts_verified, sum(num_accepted) AS drafts_accepted
+            FROM v_ok_steps GROUP BY {_CELL_KEY}
+        ), ok_requests AS (
+            SELECT {_CELL_KEY}, count(*) AS requests FROM v_ok_requests GROUP BY {_CELL_KEY}
+        )
+        SELECT c.run_id, c.cell_id, c.repeat, c.label, c.status,
+               coalesce(q.requests, 0) AS requests,
+               coalesce(p.steps, 0) AS steps,
+               coalesce(p.drafts_verified, 0)::BIGINT AS drafts_verified,
+               coalesce(p.drafts_accepted, 0)::BIGINT AS drafts_accepted,
+               (p.drafts_accepted + p.steps)::DOUBLE / p.steps AS acceptance_length,
+               p.drafts_accepted::DOUBLE / p.steps AS accepted_per_step,
+               p.drafts_verified::DOUBLE / p.steps AS verified_per_step,
+               p.drafts_accepted::DOUBLE / nullif(p.drafts_verified, 0) AS draft_acceptance_rate,
+               (p.drafts_verified - p.drafts_accepted)::DOUBLE / nullif(p.drafts_verified, 0)
+                   AS wasted_verification_fraction
+        FROM cells c
+        LEFT JOIN per_cell p USING ({_CELL_KEY})
+        LEFT JOIN ok_requests q USING ({_CELL_KEY})
+    """,
+    "v_positions": f"""
+        WITH gammas AS (
+            SELECT {_CELL_KEY}, max(num_drafts) AS gamma FROM v_ok_requests GROUP BY {_CELL_KEY}
+        ), positions AS (
+            SELECT {_CELL_KEY}, unnest(range(1, gamma + 1)) AS position FROM gammas
+        ), counts AS (
+            SELECT p.run_id, p.cell_id, p.repeat, p.position,
+                   count_if(s.num_verified >= p.position) AS verified_k,
+                   count_if(s.num_accepted >= p.position) AS accepted_k,
+                   count_if(s.num_accepted >= p.position - 1 AND s.num_verified >= p.position) AS reached_k
+            FROM positions p LEFT JOIN v_ok_steps s USING ({_CELL_KEY})
+            GROUP BY p.run_id, p.cell_id, p.repeat, p.position
+        )
+        SELECT run_id, cell_id, repeat, position::INTEGER AS position, verified_k, accepted_k, reached_k,
+               accepted_k::DOUBLE / nullif(verified_k, 0) AS unconditional,
+               accepted_k::DOUBLE / nullif(reached_k, 0) AS conditional
+        FROM counts
+    """,
+    "v_speedup": f"""
+        WITH rates AS (
+            SELECT {_CELL_KEY},
+                   max(value) FILTER (WHERE metric = 'throughput') AS throughput,
+                   max(value) FILTER (WHERE metric = 'user_speed_mean') AS user_speed_mean,
+                   max(value) FILTER (WHERE metric = 'user_speed_p50') AS user_speed_p50
+            FROM metrics WHERE metric IN ('throughput', 'user_speed_mean', 'user_speed_p50')
+            GROUP BY {_CELL_KEY}
+        ), ok_cells AS (
+            SELECT c.*, r.throughput, r.user_speed_mean, r.user_speed_p50
+            FROM cells c LEFT JOIN rates r USING ({_CELL_KEY})
+            WHERE c.status = 'ok'
+        )
+        SELECT s.run_id, s.repeat, s.cell_id, s.label, s.backend, s.target, s.drafter, s.method, s.num_drafts,
+               s.task, s.temperature, s.concurrency, s.rate, s.policy, s.seed,
+               p.cell_id AS plain_cell_id,
+               s.throughput, p.throughput AS plain_throughput,
+               s.throughput / nullif(p.throughput, 0) AS speedup,
+               s.user_speed_mean, p.user_speed_mean AS plain_user_speed_mean,
+               s.user_speed_mean / nullif(p.user_speed_mean, 0) AS speedup_user_speed,
+               s.user_speed_p50, p.user_speed_p50 AS plain_user_speed_p50,
+               s.user_speed_p50 / nullif(p.user_speed_p50, 0) AS speedup_user_speed_p50
+        FROM ok_cells s
+        JOIN ok_cells p
+          ON p.run_id = s.run_id AND p.repeat = s.repeat AND p.method = 'none'
+         AND p.backend = s.backend AND p.target = s.target AND p.task = s.task
+         AND (p.params -> 'task')::VARCHAR = (s.params -> 'task')::VARCHAR
+         AND p.temperature IS NOT DISTINCT FROM s.temperature
+         AND p.concurrency IS NOT DISTINCT FROM s.concurrency
+         AND p.rate IS NOT DISTINCT FROM s.rate
+         AND p.seed IS NOT DISTINCT FROM s.seed
+        WHERE s.method <> 'none'
+    """,
+    "v_calibration": """
+        SELECT b.run_id, b.cell_id, b.repeat, c.label, c.drafter, c.task, c.temperature,
+               b.kind, b.position, b.bin, b.lower, b.upper, b.count, b.confidence_sum, b.outcome_sum,
+               b.confidence_sum / nullif(b.count, 0) AS mean_confidence,
+               b.outcome_sum / nullif(b.count, 0) AS accuracy,
+               (b.confidence_sum - b.outcome_sum) / nullif(b.count, 0) AS gap
+        FROM calibration_bins b JOIN cells c USING (run_id, cell_id, repeat)
+    """,
+}
+
+
+def create_views(con: duckdb.DuckDBPyConnection) -> None:
+    """(Re)create every view, in dependency order (a view may use the ones above it)."""
+    for name, sql in VIEWS.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
