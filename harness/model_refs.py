@@ -1,0 +1,112 @@
+"""What a model string in a suite means: the embedded default, a local directory, or a hub id.
+
+    embedded            the committed embedded default's target   ($HARNESS_EMBEDDED_DIR or models/embedded)
+    embedded:<draft>    one of its drafts (models/embedded/drafts/<draft>)
+    ./dir, /abs/dir     a local directory
+    org/name            a Hugging Face hub id (only online; offline machines need a local path)
+
+One resolver, used by the suite checker before a run and by backends when they load, so both agree
+on which files a cell needs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+EMBEDDED = "embedded"
+EMBEDDED_DIR_ENV = "HARNESS_EMBEDDED_DIR"
+
+
+def embedded_root() -> Path:
+    env = os.environ.get(EMBEDDED_DIR_ENV)
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "models" / "embedded"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    text: str  # as written in the suite
+    location: str  # local path (absolute) or hub id
+    is_local: bool
+
+    @property
+    def path(self) -> Path:
+        if not self.is_local:
+            raise ValueError(f"{self.text!r} is a hub id, not a local path")
+        return Path(self.location)
+
+
+def resolve(text: str, base_dir: str | Path | None = None) -> ModelRef:
+    """Resolve a suite's model string; relative paths are taken from `base_dir` (the suite's directory,
+    else the working directory). A string that is neither embedded nor an existing path, and looks like
+    `org/name`, is a hub id."""
+    if text == EMBEDDED:
+        return ModelRef(text, str(embedded_root() / "target"), True)
+    if text.startswith(EMBEDDED + ":"):
+        return ModelRef(text, str(embedded_root() / "drafts" / text.split(":", 1)[1]), True)
+    path = Path(text).expanduser()
+    if not path.is_absolute():
+        candidates = [Path(base_dir) / path] if base_dir is not None else []
+        candidates.append(Path.cwd() / path)
+        for candidate in candidates:
+            if candidate.exists():
+                return ModelRef(text, str(candidate.resolve()), True)
+        looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "~"))
+        if looks_like_hub_id:
+            return ModelRef(text, text, False)
+        return ModelRef(text, str(candidates[0].resolve()), True)
+    return ModelRef(text, str(path), True)
+
+
+def missing_files(ref: ModelRef, required: tuple[str, ...] = ("config.json",)) -> list[str]:
+    """Files a local model directory lacks (empty for hub ids, which are checked when they load)."""
+    if not ref.is_local:
+        return []
+    root = ref.path
+    if not root.is_dir():
+        return [str(root)]
+    return [str(root / name) for name in required if not (root / name).exists()]
+
+
+_HASH_CACHE: dict[tuple[str, float, int], str] = {}
+_FULL_HASH_LIMIT = 512 * 2**20  # bigger files: size + first and last 16 MiB (weights of an 8B model are ~16 GB)
+_EDGE = 16 * 2**20
+
+
+def fingerprint(ref: ModelRef) -> str:
+    """sha256 (16 hex) of a model's files (configs, tokenizer, weights), for the gate's comparability key.
+
+    Local directories are hashed by content; files over 512 MiB by their size and their first and last
+    16 MiB, which catches any re-save or re-quantisation while keeping a 16 GB checkpoint to a second.
+    Hub ids hash to the id itself: which revision was loaded is the backend's to report.
+    """
+    import hashlib
+
+    if not ref.is_local:
+        return hashlib.sha256(f"hub:{ref.location}".encode()).hexdigest()[:16]
+    root = ref.path
+    files = sorted(p for p in (root.rglob("*") if root.is_dir() else [root]) if p.is_file())
+    digest = hashlib.sha256()
+    for path in files:
+        stat = path.stat()
+        key = (str(path), stat.st_mtime, stat.st_size)
+        if key not in _HASH_CACHE:
+            _HASH_CACHE[key] = _file_hash(path, stat.st_size)
+        digest.update(f"{path.relative_to(root) if root.is_dir() else path.name}\0{_HASH_CACHE[key]}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _file_hash(path: Path, size: int) -> str:
+    import hashlib
+
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        if size <= _FULL_HASH_LIMIT:
+            for chunk in iter(lambda: f.read(2**20), b""):
+                digest.update(chunk)
+        else:
+            digest.update(f.read(_EDGE))
+            f.seek(size - _EDGE)
+            digest.update(f.read(_EDGE))
+    return digest.hexdigest()
