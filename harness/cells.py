@@ -120,6 +120,7 @@ class RequestResult:
     turn: int
     warmup: bool
     output_ids: tuple[int, ...] = ()
+    prompt_ids: tuple[int, ...] = ()  # what the backend tokenised (the audit scores outputs after it); not stored
 
 
 @dataclass(frozen=True)

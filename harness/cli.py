@@ -1,27 +1,262 @@
 """The `harness` command. Thin: one small function per verb over plain functions that tests call.
 
-Verbs so far: `harness embedded build DIR` (rebuild the embedded default) and `harness embedded
-evaluate` (measure it). `run`, `gate`, `query` and friends arrive with the suite runner.
+    harness run SUITE.yaml [--db PATH] [--only AXIS=VALUE …] [--dry-run] [--resume RUN_ID] [--repeats N]
+    harness query [--db PATH] [--format table|csv|json] "SQL"
+    harness gate [--db PATH] [--run RUN|latest] [--baseline RUN|latest|BRANCH|FILE.json] [--format …] [--output FILE]
+    harness compare RUN_A RUN_B · harness history METRIC [--where SQL] · harness report RUN --out DIR
+    harness audit SUITE.yaml · harness ingest FILE · harness baseline export|import …
+    harness embedded build|evaluate …
+
+Exit codes: 0 ok · 1 regression or failed cells · 2 invalid input or invalid run · 3 no comparable
+baseline · 130 interrupted (finish with --resume).
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+from pathlib import Path
+
+DEFAULT_DB = Path("results") / "harness.duckdb"
+DB_ENV = "HARNESS_DB"
+
+
+def _db_default() -> Path:
+    return Path(os.environ.get(DB_ENV, DEFAULT_DB))
+
+
+def _quiet_libraries() -> None:
+    """Model loading prints progress bars and hub warnings into the run's own display."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _error(message: str, code: int = 2) -> int:
+    print(f"harness: error: {message}", file=sys.stderr)
+    return code
+
+
+# ----------------------------------------------------------------------------------------------- run
+
+
+def cmd_run(args) -> int:
+    from harness.runner import RunError, dry_run, run_suite
+
+    _quiet_libraries()
+    try:
+        if args.dry_run:
+            return dry_run(args.suite, args.only, args.repeats)
+        if sys.stdout.isatty():
+            from harness.progress import RichDisplay
+            display = RichDisplay()
+        else:
+            from harness.progress import PlainDisplay
+            display = PlainDisplay()
+        outcome = run_suite(args.suite, db_path=args.db, only=args.only, repeats=args.repeats, resume=args.resume,
+                            display=display, argv=sys.argv)
+    except RunError as exc:
+        return _error(str(exc))
+    return outcome.exit_code
+
+
+def cmd_audit(args) -> int:
+    from harness.audit import run_audit
+    from harness.runner import RunError
+
+    _quiet_libraries()
+    try:
+        return run_audit(args.suite, only=args.only, samples=args.samples)
+    except RunError as exc:
+        return _error(str(exc))
+
+
+# --------------------------------------------------------------------------------------------- query
+
+
+def cmd_query(args) -> int:
+    from harness.store import StoreError, read_only_query
+    from harness.tables import write_table
+
+    try:
+        columns, rows = read_only_query(args.db, args.sql)
+    except StoreError as exc:
+        return _error(str(exc))
+    write_table(columns, rows, args.format, sys.stdout)
+    return 0
+
+
+def cmd_gate(args) -> int:
+    from harness.gate.command import gate_command
+
+    return gate_command(args.db, run=args.run, baseline=args.baseline, fmt=args.format, output=args.output,
+                        suite=args.suite)
+
+
+def cmd_compare(args) -> int:
+    from harness.gate.command import compare_command
+
+    return compare_command(args.db, args.run_a, args.run_b, metrics=args.metric, fmt=args.format)
+
+
+def cmd_history(args) -> int:
+    from harness.report.history import history_command
+
+    return history_command(args.db, args.metric, where=args.where, fmt=args.format)
+
+
+def cmd_report(args) -> int:
+    from harness.report import report_command
+
+    return report_command(args.db, args.run, args.out)
+
+
+def cmd_ingest(args) -> int:
+    from harness import provenance
+    from harness.store import RunInfo, Store, StoreError, ingest_benchmark_json
+
+    try:
+        with Store.open(args.db) as store:
+            host = provenance.host_info()
+            sha, branch, dirty = provenance.git_info(Path.cwd())
+            info = RunInfo(suite_name=Path(args.file).stem, suite_path=str(args.file), suite_text="", suite_hash="",
+                           git_sha=sha, git_branch=branch, git_dirty=dirty,
+                           host_fingerprint=provenance.host_fingerprint(host), host=host,
+                           packages=provenance.package_versions(), argv=sys.argv, repeats=1, kind="benchmark")
+            run_id = ingest_benchmark_json(store, args.file, info)
+    except (StoreError, OSError, ValueError) as exc:
+        return _error(str(exc))
+    print(run_id)
+    return 0
+
+
+def cmd_baseline(args) -> int:
+    from harness.store import Store, StoreError, export_run, import_run
+
+    try:
+        if args.action == "export":
+            with Store.open(args.db, read_only=True) as store:
+                run_id = _resolve_run(store, args.run)
+                export_run(store, run_id, args.file)
+            print(f"exported {run_id} → {args.file}")
+        else:
+            with Store.open(args.db) as store:
+                print(import_run(store, args.file, label=args.label))
+    except StoreError as exc:
+        return _error(str(exc))
+    return 0
+
+
+def _resolve_run(store, ref: str) -> str:
+    from harness.store import StoreError
+
+    run_id = store.latest_run() if ref == "latest" else ref
+    if run_id is None or store.run(run_id) is None:
+        raise StoreError(f"no run {ref!r} in the store")
+    return run_id
+
+
+# ---------------------------------------------------------------------------------------- embedded
+
+
+def cmd_embedded(args) -> int:
+    if args.action == "build":
+        from harness.embedded.build import main as build_main
+
+        return build_main(args.rest)
+    from harness.embedded.evaluate import main as evaluate_main
+
+    return evaluate_main(args.rest)
+
+
+# ------------------------------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="harness", description="Declarative benchmarks and regression gates "
+                                     "for DSpark speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def db_arg(p, help_text="result store (default: $HARNESS_DB or results/harness.duckdb)"):
+        p.add_argument("--db", type=Path, default=_db_default(), help=help_text)
+
+    p = sub.add_parser("run", help="run a suite's cells into the store")
+    p.add_argument("suite", type=Path)
+    db_arg(p)
+    p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
+                   help="keep cells whose AXIS equals VALUE (repeatable; same axis ORs, different axes AND)")
+    p.add_argument("--dry-run", action="store_true", help="print the cells and server commands, run nothing")
+    p.add_argument("--resume", metavar="RUN_ID", help="finish a run that was interrupted")
+    p.add_argument("--repeats", type=int, help="override the suite's repeats")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("audit", help="losslessness audit: speculative cells against plain decoding")
+    p.add_argument("suite", type=Path)
+    p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE")
+    p.add_argument("--samples", type=int, default=None, help="sampled requests per cell for the χ² test")
+    p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("query", help="read-only SQL over the result history")
+    db_arg(p)
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("sql")
+    p.set_defaults(func=cmd_query)
+
+    p = sub.add_parser("gate", help="compare a run with a baseline; exit 1 on a regression")
+    db_arg(p)
+    p.add_argument("--run", default="latest", help="candidate run id or 'latest' (default)")
+    p.add_argument("--baseline", default="latest",
+                   help="run id, 'latest' (the run before --run), a branch name, or an exported baseline .json")
+    p.add_argument("--suite", type=Path, default=None, help="take gates from this suite file instead of the run's")
+    p.add_argument("--format", choices=("text", "markdown", "junit"), default="text")
+    p.add_argument("--output", type=Path, help="write the report here (stdout otherwise)")
+    p.set_defaults(func=cmd_gate)
+
+    p = sub.add_parser("compare", help="two runs side by side")
+    db_arg(p)
+    p.add_argument("run_a")
+    p.add_argument("run_b")
+    p.add_argument("--metric", action="append", default=None, help="metrics to show (repeatable)")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("history", help="one metric over the run history, with change points")
+    db_arg(p)
+    p.add_argument("metric")
+    p.add_argument("--where", default=None, help="SQL condition over v_metrics columns, e.g. \"task = 'gsm8k'\"")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("report", help="static HTML report with plots")
+    db_arg(p)
+    p.add_argument("run", help="run id or 'latest'")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("ingest", help="load a pytest-benchmark JSON file into the store")
+    db_arg(p)
+    p.add_argument("file", type=Path)
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("baseline", help="export a run as a baseline file, or import one")
+    db_arg(p)
+    p.add_argument("action", choices=("export", "import"))
+    p.add_argument("file", type=Path)
+    p.add_argument("--run", default="latest", help="export: run id or 'latest'")
+    p.add_argument("--label", default=None, help="import: a name for the imported run")
+    p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("embedded", help="rebuild or measure the embedded default")
+    p.add_argument("action", choices=("build", "evaluate"))
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_embedded)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: harness embedded {build,evaluate} [options]   (harness embedded build -h for help)"
-    if len(argv) < 2 or argv[0] != "embedded" or argv[1] not in ("build", "evaluate"):
-        print(usage, file=sys.stderr)
-        return 2
-    if argv[1] == "build":
-        from harness.embedded.build import main as build_main
-
-        return build_main(argv[2:])
-    from harness.embedded.evaluate import main as evaluate_main
-
-    return evaluate_main(argv[2:])
+    args = build_parser().parse_args(argv)
+    return args.func(args)
 
 
 if __name__ == "__main__":

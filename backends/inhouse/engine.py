@@ -2,9 +2,11 @@
 
 Each `step()` first admits waiting requests into free slots (one batched prefill for all of them:
 their first token comes from the target, which is their TTFT), then runs one speculative step for
-every active request: each drafts γ tokens, the policy picks each request's verify length, one
-batched target forward verifies all of them, accepted tokens and the bonus are committed and caches
-roll back to the accepted length. Finished requests free their slots at once, so waiting requests join
+every active request: each drafts γ tokens (or fewer, or none, if the policy plans so before the
+draft forward), the policy picks each request's verify length, one batched target forward verifies
+all of them, accepted tokens and the bonus are committed and caches roll back to the accepted length.
+Free slots are handed out lowest first, so the active slots tend to stay one contiguous range (the
+target then reads its KV slots in place instead of gathering a copy). Finished requests free their slots at once, so waiting requests join
 as others finish. Nothing here changes what is sampled: the engine only decides *when* a request
 runs, and the loop's losslessness holds for every interleaving (each request draws only from its
 own generator).
@@ -12,6 +14,7 @@ own generator).
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -68,6 +71,7 @@ class StepStats:
     batch_size: int  # requests in the speculative step
     verified_tokens: int  # drafts verified + one target position per request
     accepted_drafts: int
+    draft_length: int = 0  # tokens drafted per request (0: the step ran no draft forward)
 
 
 @dataclass
@@ -100,7 +104,7 @@ class Engine:
         self.state = new_batch_state(target, drafter, config.num_slots, self.capacity)
         self.waiting: deque[Request] = deque()
         self.slots: dict[int, _Slot] = {}
-        self.free = list(range(config.num_slots))[::-1]
+        self.free = list(range(config.num_slots))  # a heap: the lowest free slot is used first
         self.steps: list[StepStats] = []
 
     @property
@@ -128,7 +132,7 @@ class Engine:
         start = self.clock()
         done = self._admit()
         rows = sorted(self.slots)
-        verified = accepted = 0
+        verified = accepted = drafted = 0
         if rows:
             slots = [self.slots[r] for r in rows]
             device = self.target.device
@@ -148,9 +152,10 @@ class Engine:
                     done.append(self._finish(row, reason, now))
             verified = sum(n_verified) + len(rows)
             accepted = sum(n_accepted)
-            if self.calibrator is not None and confs is not None:
+            drafted = self.state.last_draft_length
+            if self.calibrator is not None and confs is not None and drafted > 0:
                 self._observe_outcomes(confs, n_verified, n_accepted)
-        self.steps.append(StepStats(start, self.clock(), len(done), len(rows), verified, accepted))
+        self.steps.append(StepStats(start, self.clock(), len(done), len(rows), verified, accepted, drafted))
         return done
 
     def _observe_outcomes(self, confs: list[list[float]], n_verified: list[int], n_accepted: list[int]) -> None:
@@ -162,7 +167,7 @@ class Engine:
     def _admit(self) -> list[Completed]:
         admitted: list[tuple[int, Request]] = []
         while self.waiting and self.free:
-            admitted.append((self.free.pop(), self.waiting.popleft()))
+            admitted.append((heapq.heappop(self.free), self.waiting.popleft()))
         if not admitted:
             return []
         device = self.target.device
@@ -189,7 +194,7 @@ class Engine:
 
     def _finish(self, row: int, reason: str, now: float) -> Completed:
         slot = self.slots.pop(row)
-        self.free.append(row)
+        heapq.heappush(self.free, row)
         return Completed(
             slot.request, slot.output, reason, slot.counters, slot.arrival_s, slot.first_token_s, now, slot.emissions
         )

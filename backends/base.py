@@ -1,0 +1,79 @@
+"""The one interface every backend implements, and the lazy registry that finds them.
+
+The harness talks to engines only through `Backend`: `check` a cell before anything runs (so a
+suite that cannot run fails before it measures), `run_cell` to measure one, `server_command` to show
+what a server backend would launch (`harness run --dry-run`), `close` to free what it holds. Backends
+are found by name through `"module:Class"` strings and imported only when a cell needs them, so
+`import harness` never imports vllm or sglang and CPU machines run without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Protocol
+
+from harness.cells import Cell, CellResult
+
+# progress(requests finished, requests in the cell)
+Progress = Callable[[int, int], None]
+
+BACKENDS: dict[str, str] = {
+    "inhouse": "backends.inhouse.adapter:InhouseBackend",
+    "vllm": "backends.vllm.adapter:VLLMBackend",
+    "sglang": "backends.sglang.adapter:SGLangBackend",
+}
+
+
+# server backends: name → "module:function" building a cell's server argv (for --dry-run; no engine import)
+SERVER_COMMANDS: dict[str, str] = {
+    "vllm": "backends.vllm.server:server_argv",
+    "sglang": "backends.sglang.server:server_argv",
+}
+
+
+class BackendError(RuntimeError):
+    """A cell this backend cannot run as specified (the message says why and what would work)."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend's engine is not installed or cannot start on this machine."""
+
+
+class Backend(Protocol):
+    name: str
+
+    def check(self, cell: Cell) -> None:
+        """Raise BackendError if the cell cannot run here (missing checkpoint, unsupported option)."""
+
+    def run_cell(self, cell: Cell, progress: Progress | None = None) -> CellResult:
+        """Run the cell's load and return its raw records; raise on failure (the runner records it)."""
+
+    def server_command(self, cell: Cell) -> list[str] | None:
+        """The argv of the server this cell would start, or None for an in-process engine."""
+
+    def close(self) -> None:
+        """Free models, servers and caches."""
+
+
+def backend_class(name: str) -> type:
+    """The backend class registered as `name`, imported now; BackendUnavailable if its engine is missing."""
+    if name not in BACKENDS:
+        raise BackendError(f"unknown backend {name!r}; valid: {', '.join(sorted(BACKENDS))}")
+    module_name, _, class_name = BACKENDS[name].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BackendUnavailable(f"backend {name!r} is not available here: {exc}") from exc
+    return getattr(module, class_name)
+
+
+def get_backend(name: str, **options) -> Backend:
+    return backend_class(name)(**options)
+
+
+def server_argv(cell: Cell, options: dict | None = None) -> list[str] | None:
+    """The server argv a cell of a server backend would launch; None for in-process backends."""
+    if cell.backend not in SERVER_COMMANDS:
+        return None
+    module_name, _, function = SERVER_COMMANDS[cell.backend].partition(":")
+    return getattr(importlib.import_module(module_name), function)(cell, options or {})

@@ -1,0 +1,294 @@
+"""The in-house backend: runs a suite cell on `backends.inhouse.engine` over `dspark_core`.
+
+It is the only part of the harness that imports `dspark_core`. Per cell it loads (and keeps, for the
+next cells of the run) the target, its tokenizer and the drafter; builds the verification policy
+(with the drafter's STS temperatures for the cell's decoding temperature, and an SPS(B) table
+profiled once per target on this device unless the suite names one); drives the engine with the
+cell's closed-loop or Poisson load, MT-Bench conversations turn by turn; and returns raw records.
+
+Seeds: request (sample i, turn t) of a cell samples from its own generator seeded by
+(cell seed, i, t), the same for every drafter, so plain and speculative cells of one suite decode
+the same requests with the same randomness source.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from backends.base import BackendError, Progress
+from backends.inhouse.engine import Completed, Engine, EngineConfig, Request
+from backends.inhouse.load import LoadSpec, run_load
+from harness import model_refs
+from harness.cells import CalibrationBin, Cell, CellResult, RequestResult
+from harness.metrics import MeasurementWindow, SLA, StepRecord, from_counters, summarise
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SPS_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+@dataclass
+class _Target:
+    model: Any  # dspark_core.target.TargetModel
+    tokenizer: Any
+    stop_token_ids: tuple[int, ...]
+    fingerprint: str
+    sps: dict[int, Any]  # context length → SPSTable profiled here
+
+
+class InhouseBackend:
+    name = "inhouse"
+
+    def __init__(self, device: str | None = None, num_slots: int = 64, max_context: int = 2048, num_threads: int | None = None,
+                 **unknown):
+        """Options come from the suite's `backend_options.inhouse`."""
+        if unknown:
+            raise BackendError(f"unknown in-house backend option(s) {', '.join(sorted(unknown))}; "
+                               "valid: device, num_slots, max_context, num_threads")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.num_slots = num_slots
+        self.max_context = max_context
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self._targets: dict[tuple[str, str], _Target] = {}
+        self._drafters: dict[tuple, tuple[Any, dict]] = {}
+
+    # ------------------------------------------------------------------ protocol
+
+    def check(self, cell: Cell) -> None:
+        if cell.task.temperature > 0 and cell.target.dtype not in DTYPES:
+            raise BackendError(f"dtype {cell.target.dtype!r} unknown; valid: {', '.join(DTYPES)}")
+        for text in (cell.target.path, cell.drafter.checkpoint):
+            if text is None:
+                continue
+            ref = model_refs.resolve(text)
+            missing = model_refs.missing_files(ref, ())
+            if missing:
+                raise BackendError(f"{text!r}: {missing[0]} does not exist")
+        if cell.policy.name in ("threshold", "scheduler", "budget") and cell.drafter.method not in ("dspark",):
+            raise BackendError(
+                f"policy {cell.policy.name!r} needs confidences, which only dspark drafts have "
+                f"(drafter {cell.drafter.name!r} is {cell.drafter.method}); use policy full or static"
+            )
+
+    def server_command(self, cell: Cell) -> list[str] | None:
+        return None
+
+    @torch.no_grad()
+    def score_tokens(self, cell: Cell, prompt_ids, output_ids, temperature: float) -> torch.Tensor:
+        """[len(output_ids), vocab] the target's next-token distribution at `temperature` before each
+        output token (teacher-forced, one plain forward): what the audit tests emitted tokens against."""
+        from dspark_core.distributions import logits_to_probs
+
+        target = self._target(cell)
+        ids = torch.tensor([list(prompt_ids) + list(output_ids)], device=self.device)
+        logits = target.model.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : ids.shape[1] - 1]
+        return logits_to_probs(logits.float(), torch.tensor(float(temperature))).cpu()
+
+    def close(self) -> None:
+        self._targets.clear()
+        self._drafters.clear()
+
+    def run_cell(self, cell: Cell, progress: Progress | None = None) -> CellResult:
+        from harness.tasks import load_task, prompt_ids
+
+        self.check(cell)
+        target = self._target(cell)
+        drafter, draft_info = self._drafter(cell, target)
+        layer_ids = tuple(getattr(drafter, "target_layer_ids", ()) or ())
+        if target.model.layer_ids != layer_ids:
+            target.model.set_layer_ids(layer_ids)  # () for plain / n-gram: no hidden states computed
+
+        data = load_task(cell.task.name, n_samples=cell.task.n_samples, seed=cell.seed)
+        spec, samples = data.spec, data.samples
+        turns = spec.turns if cell.task.multi_turn else 1
+        tokenizer = target.tokenizer
+        answers: list[list[str]] = [[] for _ in samples]
+        first_turns = [self._request(cell, target, i, 0, prompt_ids(tokenizer, spec, s)) for i, s in enumerate(samples)]
+        total = len(samples) * turns
+        finished = 0
+
+        def next_turn(conv: int, turn: int, done: Completed) -> Request | None:
+            nonlocal finished
+            finished += 1
+            if progress is not None:
+                progress(finished, total)
+            answers[conv].append(tokenizer.decode(done.output_ids, skip_special_tokens=True))
+            if turn + 1 >= turns:
+                return None
+            ids = prompt_ids(tokenizer, spec, samples[conv], answers[conv])
+            return self._request(cell, target, conv, turn + 1, ids)
+
+        sts = draft_info.get("sts", {}).get(f"{cell.task.temperature:g}")
+        policy, policy_note = self._policy(cell, target, sts)
+        num_slots = cell.concurrency if cell.concurrency is not None else self.num_slots
+        longest = max(len(r.prompt_ids) for r in first_turns)
+        max_context = min(self.max_context, getattr(target.model.config, "max_position_embeddings", 1 << 30))
+        max_context = max(max_context, longest + cell.task.max_new_tokens)
+        engine = Engine(target.model, drafter, EngineConfig(num_slots=num_slots, max_context=max_context,
+                                                            num_drafts=max(cell.num_drafts, 1)), policy)
+        load = LoadSpec(concurrency=cell.concurrency, rate=cell.rate, warmup=cell.warmup, seed=cell.seed)
+        result = run_load(engine, first_turns, load, next_turn)
+        return self._result(cell, target, draft_info, data.content_hash, result, sts, policy_note)
+
+    # ------------------------------------------------------------------ resources
+
+    def _target(self, cell: Cell) -> _Target:
+        from transformers import AutoTokenizer
+
+        from dspark_core.target import TargetModel
+
+        ref = model_refs.resolve(cell.target.path)
+        key = (ref.location, cell.target.dtype)
+        if key not in self._targets:
+            dtype = DTYPES[cell.target.dtype]
+            model = TargetModel.from_pretrained(ref.location, dtype=dtype, device=self.device)
+            tokenizer = AutoTokenizer.from_pretrained(ref.location)
+            self._targets[key] = _Target(model, tokenizer, _stop_tokens(tokenizer), model_refs.fingerprint(ref), {})
+        return self._targets[key]
+
+    def _drafter(self, cell: Cell, target: _Target) -> tuple[Any, dict]:
+        from dspark_core.drafters import as_drafter, build_drafter
+
+        d = cell.drafter
+        key = (d.method, d.checkpoint, d.head, id(target))
+        if key not in self._drafters:
+            info: dict[str, Any] = {"draft_hash": ""}
+            if d.method in ("none", "ngram"):
+                drafter = build_drafter(d.method)
+            else:
+                from dspark_core.checkpoint import load_draft
+
+                ref = model_refs.resolve(d.checkpoint or "")
+                model = load_draft(ref.location, device=target.model.device, dtype=target.model.dtype, target=target.model)
+                if model.config.method != d.method:
+                    raise BackendError(f"checkpoint {d.checkpoint} holds a {model.config.method!r} draft, not {d.method!r}")
+                if d.head is not None and getattr(model.config, "head", None) != d.head:
+                    raise BackendError(f"checkpoint {d.checkpoint} has the {model.config.head!r} head, the cell asks for {d.head!r}")
+                drafter = as_drafter(model)
+                sts = model.config.extra.get("sts_temperatures") or {}
+                info = {"draft_hash": model_refs.fingerprint(ref), "sts": {t: tuple(v) for t, v in sts.items()}}
+            self._drafters[key] = (drafter, info)
+        return self._drafters[key]
+
+    def _policy(self, cell: Cell, target: _Target, sts) -> tuple[Any, str]:
+        from dspark_core import scheduler
+
+        p = cell.policy
+        temps = torch.tensor(sts[: cell.num_drafts], dtype=torch.float64) if sts else None
+        if cell.is_plain or p.name == "full":
+            return None, ""
+        if p.name == "static":
+            return scheduler.StaticLength(p.verify_length), ""
+        if p.name == "threshold":
+            return scheduler.ConfidenceThreshold(p.threshold, temperatures=temps), ""
+        sps, note = self._sps(cell, target)
+        if p.name == "scheduler":
+            return scheduler.PrefixScheduler(sps, temperatures=temps), note
+        if p.name == "budget":
+            return scheduler.AsyncBudgetScheduler(sps, temperatures=temps), note
+        raise BackendError(f"policy {p.name!r} is not supported by the in-house backend")
+
+    def _sps(self, cell: Cell, target: _Target):
+        from dspark_core import sps as sps_tables
+
+        context = 256
+        if cell.policy.sps_table:
+            fp = sps_tables.fingerprint_for(target.model, context)
+            return sps_tables.load_sps_table(cell.policy.sps_table, fp), f"sps table {cell.policy.sps_table}"
+        if context not in target.sps:
+            target.sps[context] = sps_tables.profile_sps(target.model, SPS_BATCH_SIZES, context, repeats=5)
+        table = target.sps[context]
+        return table, "sps profiled " + " ".join(f"{b}:{s:.0f}" for b, s in zip(table.batch_sizes, table.steps_per_second))
+
+    def _request(self, cell: Cell, target: _Target, sample: int, turn: int, prompt: list[int]) -> Request:
+        return Request(
+            request_id=f"{sample}:{turn}", prompt_ids=prompt, max_new_tokens=cell.task.max_new_tokens,
+            temperature=cell.task.temperature, seed=(cell.seed * 1_000_003 + sample * 1_009 + turn) % (2**63),
+            stop_token_ids=target.stop_token_ids,
+        )
+
+    # ------------------------------------------------------------------ records
+
+    def _result(self, cell, target, draft_info, dataset_hash, load_result, sts, policy_note) -> CellResult:
+        requests = []
+        for done in load_result.completed:
+            sample, turn = (int(x) for x in done.request.request_id.split(":"))
+            record = from_counters(
+                done.counters, request_id=done.request.request_id, prompt_tokens=len(done.request.prompt_ids),
+                output_tokens=len(done.output_ids), arrival_s=done.arrival_s, first_token_s=done.first_token_s,
+                finish_s=done.finish_s, emissions=done.emissions, finish_reason=done.finish_reason,
+            )
+            requests.append(RequestResult(
+                record, f"{cell.task.name}:{sample}:{turn}", sample, turn,
+                done.request.request_id in load_result.warmup_ids, tuple(done.output_ids),
+                tuple(done.request.prompt_ids),
+            ))
+        steps = [
+            StepRecord(i, s.end_s, s.batch_size, s.verified_tokens - s.batch_size, s.accepted_drafts, s.end_s - s.start_s)
+            for i, s in enumerate(load_result.steps)
+        ]
+        window = measurement_window(requests)
+        records = [r.record for r in requests]
+        sla = SLA(ttft_s=cell.sla.ttft_s, tpot_s=cell.sla.tpot_s) if cell.sla is not None else None
+        temperatures = sts[: cell.num_drafts] if sts and not cell.is_plain else None
+        metrics = summarise(records, steps, window, sla=sla, temperatures=temperatures)
+        import dspark_core
+        import transformers
+
+        provenance = {
+            "target_hash": target.fingerprint,
+            "draft_hash": draft_info.get("draft_hash", ""),
+            "dataset_hash": dataset_hash,
+            "backend_version": f"inhouse/torch-{torch.__version__}/transformers-{transformers.__version__}",
+            "device": str(self.device),
+            "threads": str(torch.get_num_threads()),
+        }
+        bins = calibration_bins(records, window, temperatures)
+        return CellResult(requests, steps, window, provenance,
+                          tuple(temperatures) if temperatures else None, metrics, bins, policy_note)
+
+
+def measurement_window(requests: list[RequestResult]) -> MeasurementWindow:
+    """From just after the last warm-up request finished (first arrival without warm-up) to just after
+    the last finish: by the metrics' finish-time rule no warm-up request then counts, and every
+    measured request finishing after the warm-up counts whole."""
+    measured = [r.record for r in requests if not r.warmup] or [r.record for r in requests]
+    warm = [r.record.finish_s for r in requests if r.warmup]
+    start = math.nextafter(max(warm), math.inf) if warm else min(r.arrival_s for r in measured)
+    end = math.nextafter(max(r.finish_s for r in measured), math.inf)
+    return MeasurementWindow(start, max(start, end))
+
+
+def calibration_bins(records, window: MeasurementWindow, temperatures) -> list[CalibrationBin]:
+    from harness.metrics import calibration_reports, requests_in, succeeded
+
+    reports = calibration_reports(succeeded(requests_in(records, window)), temperatures)
+    if reports is None:
+        return []
+    out = []
+    for kind, report in zip(("raw", "calibrated"), reports):
+        if report is None:
+            continue
+        pooled: dict[int, list[float]] = {}
+        for row in report.reliability_rows():
+            count = int(row["count"])
+            conf, real = float(row["mean_predicted"]) * count, float(row["mean_realised"]) * count
+            out.append(CalibrationBin(kind, int(row["position"]), int(row["bin"]), row["bin_lo"], row["bin_hi"],
+                                      count, conf, real))
+            acc = pooled.setdefault(int(row["bin"]), [row["bin_lo"], row["bin_hi"], 0, 0.0, 0.0])
+            acc[2] += count
+            acc[3] += conf
+            acc[4] += real
+        out += [CalibrationBin(kind, 0, b, lo, hi, int(n), c, r) for b, (lo, hi, n, c, r) in sorted(pooled.items())]
+    return out
+
+
+def _stop_tokens(tokenizer) -> tuple[int, ...]:
+    """End of an answer: eos and ChatML's `<|im_end|>` where the tokenizer has it."""
+    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    return tuple(sorted(i for i in ids if i is not None and i >= 0 and i != tokenizer.unk_token_id))

@@ -1,0 +1,1 @@
+"""SGLang backend: an SGLang server started per (target, drafter, γ, policy) group."""

@@ -1,0 +1,1 @@
+"""vLLM backend: an OpenAI-compatible vLLM server started per (target, drafter, γ, policy) group."""

@@ -1,0 +1,166 @@
+"""`harness audit SUITE.yaml`: is each speculative cell of a backend lossless, on that backend?
+
+Two checks per speculative cell (drafter, γ, policy, load as in the suite):
+
+1. Greedy: the cell at temperature 0 and plain decoding at temperature 0 on the same prompts must
+   produce the same tokens, request by request; the first divergence is reported.
+2. Sampled (backends that can score tokens with the target, i.e. expose its next-token
+   distribution): every token the speculative cell emits at temperature T (the cell's, or 1 for
+   greedy cells) gets a randomised probability integral transform u = F(x⁻) + V·p(x) under the
+   target's own distribution p(·|prefix) at T, tokens ordered by descending probability. Tokens that
+   follow p exactly give u i.i.d. uniform on [0, 1) — whatever the prefix, by the chain rule — so a χ²
+   test of u over equal-width bins tests the whole output distribution at once, with every emitted
+   token as a sample. Ordering by probability makes the test most sensitive to the usual failure of a
+   wrong verifier: too much mass on the target's likely tokens.
+
+The audit fails (exit 1) on any greedy mismatch or a χ² p-value below `ALPHA` (strict, so that a
+lossless backend fails it by chance once in 10⁴ runs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+from harness.cells import Cell, PolicySpec, TaskSpec
+
+ALPHA = 1e-4
+NUM_BINS = 10
+
+
+@dataclass(frozen=True)
+class AuditFinding:
+    cell: Cell
+    check: str  # greedy | sampled
+    passed: bool | None  # None: not checked (the backend cannot)
+    detail: str
+
+
+def plain_twin(cell: Cell, temperature: float) -> Cell:
+    """The same requests decoded without speculation."""
+    from harness.cells import DrafterSpec
+
+    return dataclasses.replace(cell, drafter=DrafterSpec("none", "none"), num_drafts=0, policy=PolicySpec("full"),
+                               task=dataclasses.replace(cell.task, temperature=temperature))
+
+
+def at_temperature(cell: Cell, temperature: float, n_samples: int | None = None) -> Cell:
+    task: TaskSpec = dataclasses.replace(cell.task, temperature=temperature,
+                                         n_samples=n_samples or cell.task.n_samples)
+    return dataclasses.replace(cell, task=task)
+
+
+def greedy_check(spec_outputs: dict[str, tuple[int, ...]], plain_outputs: dict[str, tuple[int, ...]]) -> tuple[bool, str]:
+    """Token-for-token equality per prompt key; the detail names the first divergence."""
+    missing = sorted(set(plain_outputs) ^ set(spec_outputs))
+    if missing:
+        return False, f"requests differ between the runs: {', '.join(missing[:5])}"
+    for key in sorted(plain_outputs):
+        a, b = plain_outputs[key], spec_outputs[key]
+        if a != b:
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            return False, f"{key}: diverges at output token {at} (plain {a[at:at + 3]} vs speculative {b[at:at + 3]})"
+    tokens = sum(len(v) for v in plain_outputs.values())
+    return True, f"{len(plain_outputs)} requests, {tokens} tokens identical to plain decoding"
+
+
+def pit_values(probs, tokens: Sequence[int], uniforms: Sequence[float]) -> list[float]:
+    """Randomised PIT of each token under its row of `probs` [N, vocab], tokens ordered by descending
+    probability (ties by token id): u = P(X ranked before x) + V·p(x)."""
+    import torch
+
+    probs = torch.as_tensor(probs, dtype=torch.float64)
+    tok = torch.as_tensor(list(tokens), dtype=torch.long)[:, None]
+    p = probs.gather(1, tok)  # [N, 1]
+    ids = torch.arange(probs.shape[1])[None, :]
+    before = (probs > p) | ((probs == p) & (ids < tok))
+    u = (probs * before).sum(1) + torch.as_tensor(list(uniforms), dtype=torch.float64) * p[:, 0]
+    return u.clamp(0.0, math.nextafter(1.0, 0.0)).tolist()
+
+
+def chi_square_uniform(values: Sequence[float], num_bins: int = NUM_BINS) -> tuple[float, float]:
+    """(statistic, p-value) of Pearson's χ² that `values` are uniform on [0, 1), `num_bins` equal bins."""
+    import torch
+
+    n = len(values)
+    if n < 5 * num_bins:
+        raise ValueError(f"{n} values are too few for a χ² test over {num_bins} bins (need ≥ {5 * num_bins})")
+    counts = [0] * num_bins
+    for u in values:
+        counts[min(int(u * num_bins), num_bins - 1)] += 1
+    expected = n / num_bins
+    stat = sum((c - expected) ** 2 / expected for c in counts)
+    dof = num_bins - 1
+    p = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+    return stat, p
+
+
+def run_audit(suite_path, only: Sequence[str] = (), samples: int | None = None, out=None) -> int:
+    from backends.base import get_backend
+    from harness.runner import load_cells
+
+    out = out if out is not None else sys.stdout
+    suite, cells = load_cells(suite_path, only)
+    speculative = [c for c in cells if not c.is_plain]
+    if not speculative:
+        print("no speculative cells to audit", file=out)
+        return 0
+    backends: dict[str, object] = {}
+    plain_cache: dict[str, dict[str, tuple[int, ...]]] = {}
+    findings: list[AuditFinding] = []
+    try:
+        for cell in speculative:
+            if cell.backend not in backends:
+                backends[cell.backend] = get_backend(cell.backend, **dict(suite.backend_options.get(cell.backend, {})))
+            backend = backends[cell.backend]
+            findings += audit_cell(backend, cell, plain_cache, samples)
+            for f in findings[-2:]:
+                status = "skip" if f.passed is None else ("ok" if f.passed else "FAIL")
+                print(f"{status:4s} {f.check:7s} {f.cell.label()}: {f.detail}", file=out, flush=True)
+    finally:
+        for backend in backends.values():
+            backend.close()
+    failed = [f for f in findings if f.passed is False]
+    print(f"audit: {len(findings) - len(failed)} checks passed or skipped, {len(failed)} failed", file=out)
+    return 1 if failed else 0
+
+
+def audit_cell(backend, cell: Cell, plain_cache: dict, samples: int | None) -> list[AuditFinding]:
+    """Both checks for one speculative cell; plain runs are shared between cells with the same requests."""
+    def outputs(c: Cell) -> dict[str, tuple[int, ...]]:
+        result = backend.run_cell(c)
+        return {r.prompt_key: r.output_ids for r in result.requests}
+
+    plain = plain_twin(cell, 0.0)
+    if plain.cell_id not in plain_cache:
+        plain_cache[plain.cell_id] = outputs(plain)
+    ok, detail = greedy_check(outputs(at_temperature(cell, 0.0)), plain_cache[plain.cell_id])
+    found = [AuditFinding(cell, "greedy", ok, detail)]
+
+    temperature = cell.task.temperature if cell.task.temperature > 0 else 1.0
+    score = getattr(backend, "score_tokens", None)
+    if score is None:
+        found.append(AuditFinding(cell, "sampled", None, f"backend {cell.backend!r} cannot score tokens with the target"))
+        return found
+    sampled = at_temperature(cell, temperature, samples)
+    result = backend.run_cell(sampled)
+    import random
+
+    rng = random.Random(int(cell.cell_id, 16))
+    values: list[float] = []
+    for r in result.requests:
+        if not r.output_ids:
+            continue
+        probs = score(sampled, r.prompt_ids, r.output_ids, temperature)  # [len(output), vocab]
+        values += pit_values(probs, r.output_ids, [rng.random() for _ in r.output_ids])
+    try:
+        stat, p = chi_square_uniform(values)
+    except ValueError as exc:
+        found.append(AuditFinding(cell, "sampled", None, str(exc)))
+        return found
+    found.append(AuditFinding(cell, "sampled", p >= ALPHA,
+                              f"T={temperature:g}: {len(values)} tokens, χ²={stat:.1f} (dof {NUM_BINS - 1}), p={p:.3g}"))
+    return found

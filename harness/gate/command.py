@@ -1,0 +1,107 @@
+"""`harness gate` and `harness compare`: which runs to compare, with which rules, and where the verdict goes.
+
+The candidate is a run id or `latest` (the newest suite run, whatever its status: an unfinished run is
+judged invalid, not skipped). The baseline is, in order of precedence:
+- an exported run file (`*.json`, e.g. `results/baselines/ci.json` kept in the repo and updated on
+  purpose with `harness baseline export`), loaded into an in-memory store;
+- a run id in the store;
+- `latest`: the newest finished run of the same suite before the candidate;
+- otherwise a branch name: the newest finished run of the same suite on that branch.
+Rules come from the suite text stored with the candidate run (what it ran is what it is judged by),
+or from `--suite FILE` to try new gates on old runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from harness.gate.report import ExitCode
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"harness: error: {message}", file=sys.stderr)
+    return code
+
+
+def resolve_baseline(store, ref: str, candidate: dict):
+    """(store holding it, run id) for `ref`, or (None, reason)."""
+    from harness.store import Store, import_run
+
+    path = Path(ref)
+    if ref.endswith(".json"):
+        if not path.is_file():
+            return None, f"baseline file {ref} does not exist (create it with `harness baseline export`)"
+        memory = Store.open(":memory:")
+        return memory, import_run(memory, path)
+    if store.run(ref) is not None:
+        return store, ref
+    same_suite = {"suite_name": candidate["suite_name"], "exclude": candidate["run_id"], "kind": None}
+    if ref == "latest":
+        found = store.latest_run(before=candidate["run_id"], **same_suite)
+        return (store, found) if found else (None, f"no finished run of suite {candidate['suite_name']!r} before "
+                                                    f"{candidate['run_id']}")
+    found = store.latest_run(branch=ref, **same_suite)
+    if found:
+        return store, found
+    return None, f"{ref!r} is neither a run id, nor a branch with a finished run of suite {candidate['suite_name']!r}"
+
+
+def gate_command(db, *, run: str = "latest", baseline: str = "latest", fmt: str = "text", output: Path | None = None,
+                 suite: Path | None = None) -> int:
+    from harness.gate import render, run_gate
+    from harness.store import Store, StoreError
+    from harness.suite import SuiteError, load_suite, parse_suite_text
+
+    try:
+        store = Store.open(db, read_only=True)
+    except StoreError as exc:
+        return _fail(str(exc), ExitCode.INVALID)
+    with store:
+        run_id = store.latest_run(kind="suite", status=None) if run == "latest" else run
+        candidate = store.run(run_id) if run_id else None
+        if candidate is None:
+            return _fail(f"no run {run!r} in {db}", ExitCode.INVALID)
+        try:
+            rules_from = load_suite(suite) if suite else parse_suite_text(candidate["suite_text"], f"<suite of {run_id}>")
+        except SuiteError as exc:
+            return _fail(str(exc), ExitCode.INVALID)
+        base_store, base_id = resolve_baseline(store, baseline, candidate)
+        if base_store is None:
+            print(f"NO BASELINE: {base_id}", file=sys.stderr)
+            return ExitCode.NO_BASELINE
+        try:
+            report = run_gate((store.con, run_id), (base_store.con, base_id), rules_from.gates, rules_from.validity)
+        finally:
+            if base_store is not store:
+                base_store.close()
+    text = render(report, fmt)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        print(report.summary, file=sys.stderr)
+    else:
+        print(text)
+    return int(report.exit_code)
+
+
+def compare_command(db, run_a: str, run_b: str, metrics: Sequence[str] | None = None, fmt: str = "table") -> int:
+    from harness.gate import compare_runs
+    from harness.store import Store, StoreError
+    from harness.tables import write_table
+
+    try:
+        with Store.open(db, read_only=True) as store:
+            ids = []
+            for ref in (run_a, run_b):
+                run_id = store.latest_run(kind="suite", status=None) if ref == "latest" else ref
+                if run_id is None or store.run(run_id) is None:
+                    return _fail(f"no run {ref!r} in {db}", ExitCode.INVALID)
+                ids.append(run_id)
+            rows = compare_runs(store.con, ids[0], ids[1], metrics)
+    except StoreError as exc:
+        return _fail(str(exc), ExitCode.INVALID)
+    columns = ["cell_id", "label", "metric", ids[0], ids[1], "change"]
+    write_table(columns, [(r.cell_id, r.label, r.metric, r.a, r.b, r.change) for r in rows], fmt, sys.stdout)
+    return 0

@@ -1,0 +1,324 @@
+"""The report's sections, each from `RunData` to HTML (and its PNG, written into the report folder).
+
+Each section says why it is empty instead of failing: a run without a confidence head has no
+reliability diagram, one without a plain-decoding cell no speedup, one with a single γ a τ-vs-γ plot of
+single points, a first run of a suite no history. The sections and their sources:
+
+    run           runs / v_runs / v_cells: suite, git, host, packages, timing, cells ok/failed and errors
+    acceptance    v_acceptance ⋈ cells: τ vs γ, one panel per task, one line per drafter
+    positions     v_positions ⋈ cells: α_k and β_k per drafter at its largest γ
+    calibration   v_calibration (position 0): reliability diagram raw vs calibrated per drafter, ECE
+    load          v_metrics, v_speedup: throughput, user_speed_p50 and speedup vs concurrency (and rate)
+    history       v_metrics over runs of the suite: τ of this run's cells, step fit and change points
+    summary       cells ⋈ metrics ⋈ v_speedup: every cell's key metrics
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Sequence
+
+from harness.report import figures
+from harness.report.data import HISTORY_METRIC, SUMMARY_METRICS, RunData
+from harness.report.figures import Line, Panel
+from harness.report.history import describe_change, series
+from harness.report.page import Section, definitions, fmt, image, note, table
+
+FIGURE_FILES = ("acceptance.png", "positions.png", "calibration.png", "load_concurrency.png", "load_rate.png",
+                "history.png")
+
+
+def build_sections(data: RunData, out: Path) -> list[Section]:
+    """Every section in page order; figures are written into `out`."""
+    builders: Sequence[Callable[[RunData, Path], Section]] = (
+        run_section, acceptance_section, positions_section, calibration_section, load_section,
+        history_section, summary_section,
+    )
+    return [build(data, out) for build in builders]
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+
+def run_section(data: RunData, out: Path) -> Section:
+    run = data.run
+    dirty = run.get("git_dirty")
+    pairs = [
+        ("suite", run.get("suite_name")),
+        ("suite file", run.get("suite_path")),
+        ("suite hash", run.get("suite_hash")),
+        ("run id", run["run_id"]),
+        ("kind / status", f"{run.get('kind')} / {run.get('status')}"),
+        ("label", run.get("label")),
+        ("git", f"{run.get('git_sha') or '—'} on {run.get('git_branch') or '—'}"
+                + (" (dirty: uncommitted changes)" if dirty else "" if dirty is False else " (dirty: unknown)")),
+        ("host fingerprint", run.get("host_fingerprint")),
+        ("started (UTC)", run.get("started_at")),
+        ("finished (UTC)", run.get("finished_at")),
+        ("duration", _duration(run.get("duration_s"))),
+        ("repeats", run.get("repeats")),
+        ("cells ok / failed", f"{run.get('cells_ok', 0)} / {run.get('cells_failed', 0)}"),
+        ("command", " ".join(str(a) for a in run.get("argv") or []) or None),
+    ]
+    body = [definitions([(k, v) for k, v in pairs if v is not None])]
+    host = run.get("host") or {}
+    if host:
+        body.append("<h3>Host</h3>" + definitions([(k, _plain(v)) for k, v in sorted(host.items())]))
+    packages = run.get("packages") or {}
+    if packages:
+        body.append("<h3>Packages</h3>" + table(["package", "version"], [(k, _plain(v)) for k, v in sorted(packages.items())]))
+    failed = [c for c in data.cells if c["status"] == "failed"]
+    if failed:
+        body.append(f"<h3>Failed cells ({len(failed)})</h3>")
+        body.append(table(["cell", "repeat", "cell id", "error"],
+                          [(c["label"], c["repeat"], c["cell_id"], c["error"] or "(no error recorded)") for c in failed],
+                          pre_columns=(3,)))
+    elif data.cells:
+        body.append(note("Every cell succeeded."))
+    else:
+        body.append(note("This run recorded no cells."))
+    return Section("run", "Run", "\n".join(body))
+
+
+# ------------------------------------------------------------------------------------- acceptance
+
+
+def acceptance_section(data: RunData, out: Path) -> Section:
+    title = "Acceptance length τ vs γ"
+    rows = [r for r in data.tau if r["tau"] is not None]
+    if not rows:
+        return Section("acceptance", title, note(
+            "No succeeded speculative cell with verify steps in this run, so there is no τ to plot."))
+    many_policies = len({r["policy"] for r in rows}) > 1
+    many_temperatures = len({r["temperature"] for r in rows}) > 1
+    panels: dict[str, Panel] = {}
+    for r in rows:
+        panel = panels.setdefault(r["task"], Panel(f"task {r['task']}", "γ (drafts per step)", "τ (tokens per step)",
+                                                   integer_x=True))
+        label = _line_label(r["drafter"], r, many_policies, many_temperatures)
+        line = panel.lines.setdefault(label, Line([], []))
+        line.xs.append(r["num_drafts"])
+        line.ys.append(r["tau"])
+    body = [image(_save(figures.panel_grid(list(panels.values())), out, "acceptance.png"),
+                  "acceptance length against the number of drafts, per task and drafter")]
+    gammas = sorted({r["num_drafts"] for r in rows})
+    if len(gammas) == 1:
+        body.append(note(f"Only γ = {gammas[0]} was measured, so each drafter is a single point; "
+                         "τ vs γ needs a suite with several num_drafts."))
+    body.append(note("τ counts the bonus token: (accepted drafts + steps) / steps, pooled over the loads, "
+                     "seeds and repeats of each point (v_acceptance)."))
+    return Section("acceptance", title, "\n".join(body))
+
+
+# -------------------------------------------------------------------------------------- positions
+
+
+def positions_section(data: RunData, out: Path) -> Section:
+    title = "Per-position acceptance"
+    rows = [r for r in data.positions if r["verified"]]
+    if not rows:
+        return Section("positions", title, note("No verified draft positions in this run (no succeeded speculative cell)."))
+    alpha = Panel("unconditional α_k = accepted_k / verified_k", "draft position k", "acceptance", integer_x=True,
+                  ylim=(0, 1.02))
+    beta = Panel("conditional β_k = accepted_k / reached_k", "draft position k", "acceptance", integer_x=True,
+                 ylim=(0, 1.02))
+    for r in rows:
+        label = f"{r['drafter']} (γ{r['gamma']})"
+        for panel, column in ((alpha, "unconditional"), (beta, "conditional")):
+            line = panel.lines.setdefault(label, Line([], []))
+            line.xs.append(r["position"])
+            line.ys.append(r[column])
+    body = [
+        image(_save(figures.panel_grid([alpha, beta], ncols=2), out, "positions.png"),
+              "per-position acceptance, unconditional and conditional, per drafter"),
+        note("Each drafter at its largest γ, pooled over tasks, loads and repeats (v_positions). α_k: draft k "
+             "accepted among steps that verified it; β_k: among steps that reached it (drafts 1 … k−1 accepted)."),
+    ]
+    return Section("positions", title, "\n".join(body))
+
+
+# ------------------------------------------------------------------------------------ calibration
+
+
+def calibration_section(data: RunData, out: Path) -> Section:
+    title = "Reliability diagram (ECE)"
+    by_drafter: dict[str, dict[str, list[dict]]] = {}
+    for r in data.calibration:
+        if r["count"]:
+            by_drafter.setdefault(r["drafter"], {}).setdefault(r["kind"], []).append(r)
+    if not by_drafter:
+        return Section("calibration", title, note(
+            "No calibration bins in this run: no drafter with a confidence head succeeded, so there is no "
+            "reliability diagram."))
+    panels, table_rows, missing = [], [], []
+    for drafter, kinds in sorted(by_drafter.items()):
+        panel = Panel(f"{drafter}: pooled positions", "predicted survival (mean confidence)", "observed survival",
+                      diagonal=True, unit_square=True)
+        eces = {}
+        for kind in ("raw", "calibrated"):
+            bins = kinds.get(kind)
+            if not bins:
+                continue
+            count = sum(b["count"] for b in bins)
+            eces[kind] = sum(abs(b["confidence_sum"] - b["outcome_sum"]) for b in bins) / count
+            panel.lines[f"{kind} (ECE {eces[kind]:.3f})"] = Line(
+                [b["confidence_sum"] / b["count"] for b in bins], [b["outcome_sum"] / b["count"] for b in bins], key=kind)
+        if "calibrated" not in eces:
+            missing.append(drafter)
+        panels.append(panel)
+        table_rows.append((drafter, eces.get("raw"), eces.get("calibrated"),
+                           sum(b["count"] for b in kinds.get("raw", []))))
+    body = [
+        image(_save(figures.panel_grid(panels), out, "calibration.png"),
+              "reliability diagrams, raw and calibrated confidences, per drafter"),
+        table(["drafter", "ECE raw", "ECE calibrated", "observed draft positions"], table_rows),
+        note("Position 0 bins (every draft position pooled) summed over the drafter's cells (v_calibration); "
+             "ECE = Σ|Σ confidence − Σ outcome| / Σ count over the bins."),
+    ]
+    if missing:
+        body.append(note(f"No calibrated (STS) bins for {', '.join(missing)}: only the raw curve is shown."))
+    return Section("calibration", title, "\n".join(body))
+
+
+# ------------------------------------------------------------------------------------------- load
+
+LOAD_PANELS = (
+    ("throughput", "throughput (output tokens/s)"),
+    ("user_speed_p50", "per-user speed p50 (tokens/s)"),
+    ("speedup", "speedup over plain decoding (×)"),
+)
+LOAD_AXES = (("concurrency", "concurrency (closed loop)"), ("rate", "request rate (requests/s, open loop)"))
+
+
+def load_section(data: RunData, out: Path) -> Section:
+    title = "Throughput and per-user speed vs load"
+    rows = [r for r in data.load if r["throughput"] is not None or r["user_speed_p50"] is not None]
+    if not rows:
+        return Section("load", title, note("No succeeded cell with throughput or per-user speed in this run."))
+    many_temperatures = len({r["temperature"] for r in rows}) > 1
+    body = []
+    for axis, axis_label in LOAD_AXES:
+        axis_rows = [r for r in rows if r[axis] is not None]
+        if not axis_rows:
+            continue
+        panels = []
+        for task in dict.fromkeys(r["task"] for r in axis_rows):
+            for column, ylabel in LOAD_PANELS:
+                empty = ("no plain-decoding cell at these loads, so no speedup" if column == "speedup" else "no data")
+                panel = Panel(f"task {task}: {column}", axis_label, ylabel, empty=empty, log2_x=axis == "concurrency")
+                for r in (r for r in axis_rows if r["task"] == task):
+                    plain = r["method"] == "none"
+                    if plain and column == "speedup":
+                        continue
+                    name = "plain" if plain else f"{r['drafter']} γ{r['num_drafts']}"
+                    label = _line_label(name, r, not plain, many_temperatures)
+                    line = panel.lines.setdefault(label, Line([], [], dashed=plain))
+                    line.xs.append(r[axis])
+                    line.ys.append(r[column])
+                panels.append(panel)
+        filename = _save(figures.panel_grid(panels, ncols=3), out, f"load_{axis}.png")
+        body.append(image(filename, f"throughput, per-user speed and speedup against {axis}, per task"))
+    if not body:
+        return Section("load", title, note("No cell of this run has a concurrency or a rate."))
+    if not any(r["method"] == "none" for r in rows):
+        body.append(note("This run has no plain-decoding cell, so speculative decoding has nothing to be compared "
+                         "with: no plain line and no speedup."))
+    body.append(note("Lines: plain decoding (dashed) and each drafter × γ × verification policy (static, "
+                     "scheduler, …); points are means over repeats (v_metrics); speedup pairs each cell with "
+                     "plain decoding of the same run, task and load (v_speedup)."))
+    return Section("load", title, "\n".join(body))
+
+
+# ---------------------------------------------------------------------------------------- history
+
+
+def history_section(data: RunData, out: Path) -> Section:
+    title = f"History of {HISTORY_METRIC}"
+    suite = data.run.get("suite_name")
+    if not data.history:
+        return Section("history", title, note(
+            f"No {HISTORY_METRIC} for this run's cells in the store" + (f" (suite {suite})." if suite else
+                                                                        " (the run has no suite name).")))
+    run_order = list(dict.fromkeys((r.started_at, r.run_id) for r in data.history))
+    if len(run_order) < 2:
+        return Section("history", title, note(
+            f"This is the only run of suite {suite} with {HISTORY_METRIC} so far; the history starts with the next one."))
+    position = {run_id: i for i, (_, run_id) in enumerate(run_order)}
+    all_series = series(data.history)
+    plotted = [
+        (s.label, [position[r.run_id] for r in s.rows], [r.value for r in s.rows], list(s.fit.levels),
+         [c.index for c in s.fit.changes])
+        for s in all_series
+    ]
+    run_labels = [run_id for _, run_id in run_order]
+    fig = figures.history_figure(plotted, run_labels, HISTORY_METRIC)
+    body = [image(_save(fig, out, "history.png"),
+                  f"{HISTORY_METRIC} of this run's cells over the runs of suite {suite}, with change points")]
+    changes = [
+        (s.label, s.rows[c.index].run_id, (s.rows[c.index].git_sha or "")[:10], describe_change(c))
+        for s in all_series for c in s.fit.changes
+    ]
+    if changes:
+        body.append(table(["cell", "first run at the new level", "git sha", "change"], changes))
+    else:
+        body.append(note("No change point: every cell stays at one level."))
+    body.append(note(
+        f"{len(run_order)} runs of suite {suite} up to this one, {len(all_series)} cells; one point per run "
+        "(mean over repeats). Circles, dotted lines and the dashed step fit mark change points "
+        "(harness/report/changepoints.py). `harness history` prints the same numbers."))
+    return Section("history", title, "\n".join(body))
+
+
+# ---------------------------------------------------------------------------------------- summary
+
+
+def summary_section(data: RunData, out: Path) -> Section:
+    title = "Summary"
+    if not data.summary:
+        return Section("summary", title, note("This run recorded no cells."))
+    headers = ["cell", "repeat", "status"] + [heading for _, heading, _ in SUMMARY_METRICS]
+    rows, classes = [], []
+    for r in data.summary:
+        values = [r[name] * factor if r[name] is not None else None for name, _, factor in SUMMARY_METRICS]
+        rows.append([r["label"], r["repeat"], r["status"], *values])
+        classes.append("failed" if r["status"] == "failed" else "")
+    body = [
+        table(headers, rows, row_classes=classes),
+        note("τ: acceptance length (bonus included); speedup: over plain decoding of the same run (— when there "
+             "is none); ECE: pooled positions, raw and STS-calibrated; TTFT / TPOT: medians over the window's requests."),
+    ]
+    return Section("summary", title, "\n".join(body))
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _line_label(name: str, row: dict, with_policy: bool, with_temperature: bool) -> str:
+    label = name
+    if with_policy:
+        label += f" {row['policy']}"
+    if with_temperature and row["temperature"] is not None:
+        label += f" T{row['temperature']:g}"
+    return label
+
+
+def _save(fig, out: Path, filename: str) -> str:
+    figures.save(fig, out / filename)
+    return filename
+
+
+def _duration(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    minutes, secs = divmod(float(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{int(hours)}h {int(minutes):02d}m {secs:04.1f}s" if hours else f"{int(minutes)}m {secs:04.1f}s"
+
+
+def _plain(value) -> str:
+    """A JSON value from the host/package stamps as one line of text."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return fmt(value)
+

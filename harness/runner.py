@@ -1,0 +1,241 @@
+"""`harness run`: a suite's cells, each measured by its backend and recorded in the store as it finishes.
+
+The order of work is fixed by the suite: cells in expansion order, all cells of repeat 0 before any of
+repeat 1 (so slow drifts of a shared machine spread over every cell instead of biasing the last ones).
+Each cell is one store transaction: a kill or Ctrl-C loses at most the cell in flight, and
+`--resume RUN_ID` runs the cells the run has no successful record of: those never reached and those that
+failed (the failed attempt's error is kept in the store's `superseded_cells`). A cell that raises is
+recorded as failed with its error and the suite goes on.
+
+Everything that can be checked before measuring is checked first — the suite parses, the cells'
+files exist, the store opens — so bad input exits 2 having written nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from harness.cells import Cell, CellResult
+
+EXIT_OK, EXIT_FAILED_CELLS, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class RunError(Exception):
+    """Bad input or an unusable store: one actionable line, exit 2, nothing written."""
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; the cell in flight is dropped, every finished one is kept."""
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    cell: Cell
+    repeat: int
+    status: str  # ok | failed | skipped (already recorded, on resume)
+    error: str | None = None
+    wall_s: float = 0.0
+    metrics: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass
+class RunOutcome:
+    run_id: str | None
+    outcomes: list[CellOutcome]
+    interrupted: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_FAILED_CELLS if any(o.status == "failed" for o in self.outcomes) else EXIT_OK
+
+
+SUMMARY_METRICS = ("acceptance_length", "throughput", "ece_calibrated", "ttft_p50", "tpot_p50")
+
+
+def plan(cells: Sequence[Cell], repeats: int) -> list[tuple[Cell, int]]:
+    """(cell, repeat) in execution order: every cell of repeat 0, then repeat 1, …"""
+    return [(cell, repeat) for repeat in range(repeats) for cell in cells]
+
+
+def load_cells(suite_path: str | Path, only: Sequence[str] = ()):
+    """(suite, selected cells); RunError for anything wrong with the suite or the files it names."""
+    from harness.suite import SuiteError, check_paths, expand, load_suite, select
+
+    try:
+        suite = load_suite(suite_path)
+        cells = select(expand(suite), list(only))
+        check_paths(suite, cells)
+    except SuiteError as exc:
+        raise RunError(str(exc)) from None
+    except FileNotFoundError as exc:
+        raise RunError(f"{suite_path}: {exc}") from None
+    if not cells:
+        raise RunError(f"{suite_path}: no cells to run" + (f" after --only {' '.join(only)}" if only else ""))
+    return suite, cells
+
+
+def run_suite(
+    suite_path: str | Path,
+    *,
+    db_path: str | Path,
+    only: Sequence[str] = (),
+    repeats: int | None = None,
+    resume: str | None = None,
+    display=None,
+    argv: Sequence[str] = (),
+    backend_options: dict | None = None,
+) -> RunOutcome:
+    """Run (or resume) a suite into the store at `db_path`; RunError before anything is written."""
+    from harness import provenance
+    from harness.progress import PlainDisplay
+    from harness.store import RunInfo, Store, StoreError
+
+    display = display or PlainDisplay()
+    suite, cells = load_cells(suite_path, only)
+    num_repeats = repeats if repeats is not None else suite.repeats
+    if num_repeats < 1:
+        raise RunError(f"--repeats must be >= 1, got {num_repeats}")
+    work = plan(cells, num_repeats)
+    try:
+        store = Store.open(db_path)
+    except StoreError as exc:
+        raise RunError(str(exc)) from None
+
+    with store:
+        host = provenance.host_info()
+        host_fp = provenance.host_fingerprint(host)
+        packages = provenance.package_versions()
+        done: set[tuple[str, int]] = set()
+        if resume is not None:
+            run_id = _check_resumable(store, resume, suite)
+            done = {key for key, status in store.cell_status(run_id).items() if status == "ok"}
+            store.set_run_status(run_id, "running")
+        else:
+            sha, branch, dirty = provenance.git_info(Path(suite_path).resolve().parent)
+            run_id = store.begin_run(RunInfo(
+                suite_name=suite.name, suite_path=str(suite_path), suite_text=suite.resolved_text,
+                suite_hash=suite.hash, git_sha=sha, git_branch=branch, git_dirty=dirty, host_fingerprint=host_fp,
+                host=host, packages=packages, argv=list(argv), repeats=num_repeats,
+            ))
+        outcome = RunOutcome(run_id, [])
+        backends: dict[str, object] = {}
+        display.start(run_id, suite, len(work), resumed=resume is not None)
+        try:
+            with _signals_interrupt():
+                for cell, repeat in work:
+                    if (cell.cell_id, repeat) in done:
+                        outcome.outcomes.append(CellOutcome(cell, repeat, "skipped"))
+                        display.cell_skipped(cell, repeat)
+                        continue
+                    result = _run_one(store, run_id, cell, repeat, backends, host_fp, packages, display,
+                                      (backend_options or {}) | dict(suite.backend_options.get(cell.backend, {})))
+                    outcome.outcomes.append(result)
+                    display.cell_finished(result)
+        except Interrupted:
+            outcome.interrupted = True
+        finally:
+            for backend in backends.values():
+                try:
+                    backend.close()
+                except Exception:  # noqa: BLE001 — closing must not mask the run's outcome
+                    pass
+            store.finish_run(run_id, "interrupted" if outcome.interrupted else "finished")
+        display.finish(outcome)
+        return outcome
+
+
+def _check_resumable(store, run_id: str, suite) -> str:
+    run = store.run(run_id)
+    if run is None:
+        raise RunError(f"--resume {run_id}: no such run in the store")
+    if run["suite_hash"] != suite.hash:
+        raise RunError(f"--resume {run_id}: the suite changed since that run (hash {run['suite_hash'][:12]} → "
+                       f"{suite.hash[:12]}); start a new run instead")
+    return run_id
+
+
+def _run_one(store, run_id, cell: Cell, repeat: int, backends: dict, host_fp: str, packages: dict, display,
+             options: dict) -> CellOutcome:
+    from backends.base import get_backend
+    from harness import provenance
+
+    started = datetime.now(timezone.utc)
+    clock = time.perf_counter()
+    display.cell_started(cell, repeat)
+    result: CellResult | None = None
+    error = log = None
+    try:
+        if cell.backend not in backends:
+            backends[cell.backend] = get_backend(cell.backend, **options)
+        result = backends[cell.backend].run_cell(cell, progress=display.requests)
+        failed = [r for r in result.requests if r.record.failed]
+        if result.requests and len(failed) == len(result.requests):
+            raise RuntimeError(f"every request failed; first: {failed[0].record.error}")
+    except Interrupted:
+        raise
+    except Exception as exc:  # noqa: BLE001 — any failure of one cell is recorded and the suite goes on
+        error = f"{type(exc).__name__}: {exc}"
+        log = traceback.format_exc()
+    wall = time.perf_counter() - clock
+    key = provenance.comparability_key(cell.params(), result.provenance if result else {}, host_fp, packages)
+    store.record_cell(run_id, cell, repeat, result=result if error is None else None, error=error, started_at=started,
+                      finished_at=datetime.now(timezone.utc), comparability_key=key,
+                      log=log or (result.log if result else ""))
+    metrics = {m: result.metrics.value(m) for m in SUMMARY_METRICS} if result is not None and error is None else {}
+    return CellOutcome(cell, repeat, "failed" if error else "ok", error, wall, metrics)
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGINT and SIGTERM become `Interrupted` between (or inside) cells, so the run is marked and closed."""
+    def handler(signum, frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread (e.g. a test runner thread): leave signals alone
+            pass
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted("SIGINT") from None
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def dry_run(suite_path: str | Path, only: Sequence[str] = (), repeats: int | None = None, out=None) -> int:
+    """Print the cells (and, for server backends, the exact server argv) without running anything."""
+    import shlex
+
+    out = out if out is not None else sys.stdout
+    from backends.base import BackendError, server_argv
+
+    suite, cells = load_cells(suite_path, only)
+    num_repeats = repeats if repeats is not None else suite.repeats
+    print(f"suite {suite.name} ({suite.hash[:12]}): {len(cells)} cells × {num_repeats} repeats", file=out)
+    servers: dict[str, list[str]] = {}
+    for cell in cells:
+        print(f"  {cell.cell_id}  {cell.label()}", file=out)
+        if cell.backend == "inhouse":
+            continue
+        try:
+            argv = server_argv(cell, dict(suite.backend_options.get(cell.backend, {}))) or []
+        except BackendError as exc:
+            argv = [f"<unavailable: {exc}>"]
+        servers.setdefault(shlex.join(argv), []).append(cell.cell_id)
+    for command, ids in servers.items():
+        print(f"server for {len(ids)} cells: {command}", file=out)
+    return EXIT_OK

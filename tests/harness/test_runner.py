@@ -1,0 +1,191 @@
+"""`harness run` end to end on the embedded default: cells recorded, failures recorded, bad input
+refused before anything is written, a killed run resumed, and the gate catching a doctored regression
+while an identical rerun passes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.store import Store, read_only_query
+
+REPO = Path(__file__).resolve().parents[2]
+
+SUITE = """\
+version: 1
+name: tiny
+targets:
+  embedded: {path: embedded}
+drafters:
+  none: {method: none}
+  dspark: {method: dspark, checkpoint: "embedded:dspark"}
+  %(extra_drafter)s
+tasks:
+  gsm8k: {n_samples: %(n)d, max_new_tokens: 12, temperature: 0}
+defaults: {backend: inhouse, warmup: 0, repeats: 1}
+backend_options:
+  inhouse: {num_threads: 1}
+matrix:
+  target: [embedded]
+  drafter: [%(drafters)s]
+  num_drafts: [3]
+  task: [gsm8k]
+  concurrency: [%(concurrency)s]
+validity: {min_requests: 2, min_duration_s: 0.0, max_failed_fraction: 0.5}
+gates:
+  acceptance_length: {direction: higher, test: paired_bootstrap, relative: 0.02, min_samples: 4, level: fail}
+"""
+
+
+def write_suite(tmp_path: Path, name="tiny.yaml", n=6, drafters="none, dspark", concurrency="1", extra_drafter="") -> Path:
+    path = tmp_path / name
+    path.write_text(SUITE % {"n": n, "drafters": drafters, "concurrency": concurrency, "extra_drafter": extra_drafter})
+    return path
+
+
+@pytest.fixture
+def data_env(monkeypatch):
+    if not os.environ.get("HARNESS_DATA_DIR"):
+        shared = REPO.parent / "shared" / "datasets"
+        if not shared.is_dir():
+            pytest.skip("needs HARNESS_DATA_DIR (../shared/datasets)")
+        monkeypatch.setenv("HARNESS_DATA_DIR", str(shared))
+
+
+def test_run_records_every_cell_and_query_reads_them(tmp_path, data_env, capsys):
+    db = tmp_path / "h.duckdb"
+    assert main(["run", str(write_suite(tmp_path, concurrency="1, 2")), "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "4 ok, 0 failed" in out
+    columns, rows = read_only_query(db, "select drafter, concurrency, acceptance_length from v_acceptance "
+                                        "join cells using (run_id, cell_id, repeat) order by drafter, concurrency")
+    assert [r[:2] for r in rows] == [("dspark", 1), ("dspark", 2), ("none", 1), ("none", 2)]
+    assert rows[0][2] > 1.5 and rows[2][2] == 1.0  # DSpark accepts drafts; plain decoding emits one token a step
+    # greedy: speculative output equals plain decoding, request by request, in the store
+    _, outs = read_only_query(db, "select c.drafter, r.prompt_key, r.output_ids from requests r join cells c "
+                                  "using (run_id, cell_id, repeat) where c.concurrency = 1")
+    by_drafter: dict[str, dict] = {}
+    for drafter, key, ids in outs:
+        by_drafter.setdefault(drafter, {})[key] = ids
+    assert by_drafter["dspark"] == by_drafter["none"]
+    assert main(["query", "--db", str(db), "--format", "json", "select count(*) as n from v_speedup"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 2}]
+
+
+def test_failing_cell_is_recorded_and_the_suite_goes_on(tmp_path, data_env, capsys):
+    db = tmp_path / "h.duckdb"
+    # a dflash drafter pointed at a dspark checkpoint: passes the file check, fails when it loads
+    suite = write_suite(tmp_path, drafters="none, wrong", extra_drafter='wrong: {method: dflash, checkpoint: "embedded:dspark"}')
+    assert main(["run", str(suite), "--db", str(db)]) == 1
+    out = capsys.readouterr().out
+    assert "1 ok, 1 failed" in out and "holds a 'dspark' draft, not 'dflash'" in out
+    _, rows = read_only_query(db, "select drafter, status, error from cells order by drafter")
+    assert [(r[0], r[1]) for r in rows] == [("none", "ok"), ("wrong", "failed")]
+
+
+@pytest.mark.parametrize("mutation, message", [
+    ("matrix:\n  drafter: [none, dsprak]", "drafter 'dsprak' is not defined (did you mean 'dspark'?)"),
+    ("tasks:\n  gsm8k: {n_samples: four, max_new_tokens: 12}", "n_samples"),
+    ("drafters:\n  dspark: {method: dspark, checkpoint: \"embedded:nope\"}", "nope"),
+    ("version: 1\nname: [unclosed", "tiny.yaml:"),
+])
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, data_env, capsys, mutation, message):
+    suite = write_suite(tmp_path)
+    text = suite.read_text()
+    key = mutation.split(":", 1)[0]
+    if key == "version":
+        text = mutation
+    else:
+        import yaml
+
+        doc = yaml.safe_load(text)
+        doc.update(yaml.safe_load(mutation) if key != "matrix" else {"matrix": {**doc["matrix"], **yaml.safe_load(mutation)["matrix"]}})
+        text = yaml.safe_dump(doc)
+    suite.write_text(text)
+    db = tmp_path / "h.duckdb"
+    assert main(["run", str(suite), "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not db.exists()
+
+
+def test_dry_run_prints_cells_and_exact_server_commands(capsys):
+    assert main(["run", str(REPO / "suites" / "h100.yaml"), "--dry-run", "--only", "backend=vllm",
+                 "--only", "concurrency=8"]) == 0
+    out = capsys.readouterr().out
+    assert "vllm.entrypoints.openai.api_server" in out and "--speculative-config" in out
+    assert '"method":"dspark"' in out
+
+
+def test_killed_run_resumes_without_rerunning_finished_cells(tmp_path, data_env):
+    db = tmp_path / "h.duckdb"
+    suite = write_suite(tmp_path, n=4, concurrency="1, 2, 3")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(suite), "--db", str(db)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("[2/"):
+            proc.send_signal(signal.SIGKILL)  # no chance to clean up: the store must still hold cells 1-2
+            break
+    proc.wait(timeout=60)
+    run_id = lines[0].split()[1].rstrip(":")
+    with Store.open(db) as store:
+        assert len(store.cell_status(run_id)) == 2
+        assert store.run(run_id)["status"] == "running"
+    assert main(["run", str(suite), "--db", str(db), "--resume", run_id]) == 0
+    with Store.open(db, read_only=True) as store:
+        status = store.cell_status(run_id)
+        assert len(status) == 6 and set(status.values()) == {"ok"}
+        assert store.run(run_id)["status"] == "finished"
+
+
+def test_gate_passes_an_identical_rerun_and_catches_a_doctored_regression(tmp_path, data_env, capsys):
+    db = tmp_path / "h.duckdb"
+    suite = write_suite(tmp_path, n=8, drafters="dspark")
+    assert main(["run", str(suite), "--db", str(db)]) == 0
+    assert main(["gate", "--db", str(db)]) == 3  # nothing to compare with yet
+    assert main(["run", str(suite), "--db", str(db)]) == 0
+    capsys.readouterr()
+    assert main(["gate", "--db", str(db)]) == 0
+    assert "PASS" in capsys.readouterr().out
+    # doctor the latest run: every step accepted one draft fewer where it accepted any
+    with Store.open(db) as store:
+        latest = store.latest_run()
+        store.con.execute("update request_steps set num_accepted = greatest(num_accepted - 1, 0) where run_id = ?", [latest])
+    junit = tmp_path / "gate.xml"
+    assert main(["gate", "--db", str(db), "--format", "junit", "--output", str(junit)]) == 1
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(junit).getroot()
+    assert int(root.get("failures") or root.find("testsuite").get("failures")) >= 1
+    assert main(["gate", "--db", str(db), "--format", "markdown"]) == 1
+    out = capsys.readouterr().out
+    assert "acceptance_length" in out and "REGRESSION" in out.upper()
+    # the baseline kept as a file in the repo works the same way
+    base = tmp_path / "baseline.json"
+    previous = None
+    with Store.open(db, read_only=True) as store:
+        previous = store.latest_run(before=latest)
+    assert main(["baseline", "export", str(base), "--db", str(db), "--run", previous]) == 0
+    assert main(["gate", "--db", str(db), "--baseline", str(base)]) == 1
+
+
+def test_query_is_read_only(tmp_path, data_env, capsys):
+    db = tmp_path / "h.duckdb"
+    assert main(["run", str(write_suite(tmp_path, n=2, drafters="none")), "--db", str(db)]) == 0
+    capsys.readouterr()
+    assert main(["query", "--db", str(db), "delete from cells"]) == 2
+    assert "read-only" in capsys.readouterr().err
+    _, rows = read_only_query(db, "select count(*) from cells")
+    assert rows == [(1,)]
