@@ -112,16 +112,19 @@ class InhouseBackend:
         total = len(samples) * turns
         finished = 0
 
-        def next_turn(conv: int, turn: int, done: Completed) -> Request | None:
-            nonlocal finished
-            finished += 1
-            if progress is not None:
-                progress(finished, total)
-            answers[conv].append(tokenizer.decode(done.output_ids, skip_special_tokens=True))
-            if turn + 1 >= turns:
-                return None
-            ids = prompt_ids(tokenizer, spec, samples[conv], answers[conv])
-            return self._request(cell, target, conv, turn + 1, ids)
+        def next_turn_from(offset: int):
+            def next_turn(conv: int, turn: int, done: Completed) -> Request | None:
+                nonlocal finished
+                conv += offset
+                finished += 1
+                if progress is not None:
+                    progress(finished, total)
+                answers[conv].append(tokenizer.decode(done.output_ids, skip_special_tokens=True))
+                if turn + 1 >= turns:
+                    return None
+                ids = prompt_ids(tokenizer, spec, samples[conv], answers[conv])
+                return self._request(cell, target, conv, turn + 1, ids)
+            return next_turn
 
         sts = draft_info.get("sts", {}).get(f"{cell.task.temperature:g}")
         policy, policy_note = self._policy(cell, target, sts)
@@ -131,9 +134,20 @@ class InhouseBackend:
         max_context = max(max_context, longest + cell.task.max_new_tokens)
         engine = Engine(target.model, drafter, EngineConfig(num_slots=num_slots, max_context=max_context,
                                                             num_drafts=max(cell.num_drafts, 1)), policy)
-        load = LoadSpec(concurrency=cell.concurrency, rate=cell.rate, warmup=cell.warmup, seed=cell.seed)
-        result = run_load(engine, first_turns, load, next_turn)
-        return self._result(cell, target, draft_info, data.content_hash, result, sts, policy_note)
+        # Warm-up is a phase of its own: its conversations run to completion before the measured load
+        # starts, so the measured requests are the same ones in every run (the gate pairs them) and the
+        # window holds no warm-up tail.
+        warm = min(cell.warmup, len(first_turns) - 1)
+        completed, warmup_ids = [], set()
+        if warm > 0:
+            phase = run_load(engine, first_turns[:warm], LoadSpec(concurrency=cell.concurrency or warm), next_turn_from(0))
+            completed += phase.completed
+            warmup_ids = {c.request.request_id for c in phase.completed}
+        load = LoadSpec(concurrency=cell.concurrency, rate=cell.rate, seed=cell.seed)
+        measured = run_load(engine, first_turns[warm:], load, next_turn_from(warm))
+        completed += measured.completed
+        return self._result(cell, target, draft_info, data.content_hash, completed, warmup_ids, engine.steps, sts,
+                            policy_note)
 
     # ------------------------------------------------------------------ resources
 
@@ -214,9 +228,10 @@ class InhouseBackend:
 
     # ------------------------------------------------------------------ records
 
-    def _result(self, cell, target, draft_info, dataset_hash, load_result, sts, policy_note) -> CellResult:
+    def _result(self, cell, target, draft_info, dataset_hash, completed, warmup_ids, engine_steps, sts,
+                policy_note) -> CellResult:
         requests = []
-        for done in load_result.completed:
+        for done in completed:
             sample, turn = (int(x) for x in done.request.request_id.split(":"))
             record = from_counters(
                 done.counters, request_id=done.request.request_id, prompt_tokens=len(done.request.prompt_ids),
@@ -225,12 +240,12 @@ class InhouseBackend:
             )
             requests.append(RequestResult(
                 record, f"{cell.task.name}:{sample}:{turn}", sample, turn,
-                done.request.request_id in load_result.warmup_ids, tuple(done.output_ids),
+                done.request.request_id in warmup_ids, tuple(done.output_ids),
                 tuple(done.request.prompt_ids),
             ))
         steps = [
             StepRecord(i, s.end_s, s.batch_size, s.verified_tokens - s.batch_size, s.accepted_drafts, s.end_s - s.start_s)
-            for i, s in enumerate(load_result.steps)
+            for i, s in enumerate(engine_steps)
         ]
         window = measurement_window(requests)
         records = [r.record for r in requests]
@@ -254,9 +269,8 @@ class InhouseBackend:
 
 
 def measurement_window(requests: list[RequestResult]) -> MeasurementWindow:
-    """From just after the last warm-up request finished (first arrival without warm-up) to just after
-    the last finish: by the metrics' finish-time rule no warm-up request then counts, and every
-    measured request finishing after the warm-up counts whole."""
+    """From the first measured arrival (after the warm-up phase ended) to just past the last finish, so
+    by the metrics' finish-time rule every measured request counts and no warm-up request does."""
     measured = [r.record for r in requests if not r.warmup] or [r.record for r in requests]
     warm = [r.record.finish_s for r in requests if r.warmup]
     start = math.nextafter(max(warm), math.inf) if warm else min(r.arrival_s for r in measured)

@@ -126,7 +126,9 @@ def fit_steps(values: Sequence[float], penalty: float | None = None, min_size: i
     return StepFit(tuple(levels), changes, sigma, penalty)
 
 
-def detect_changes(values: Sequence[float], penalty: float | None = None, min_size: int = MIN_SIZE) -> list[ChangePoint]:
+def detect_changes(
+    values: Sequence[float], penalty: float | None = None, min_size: int = MIN_SIZE
+) -> list[ChangePoint]:
     """The change points of `values`, in order (empty for a series at one level)."""
     return list(fit_steps(values, penalty, min_size).changes)
 

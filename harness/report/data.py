@@ -3,8 +3,9 @@
 Why aggregate in SQL: every number here is a sum over cells, then one division — the convention of
 `harness.metrics` (step-weighted ratios, never means of ratios) — and the views already apply the
 window rule, so pooling a drafter's cells (over loads, seeds and repeats) is a GROUP BY over the
-views' raw counts. Rates and latencies (throughput, per-user speed, speedup), which have no counts to
-pool, are averaged over repeats only; every other axis stays a line or a panel.
+views' raw counts. Rates (throughput, per-user speed, speedup), which have no counts to pool, are
+averaged over the seeds and repeats of a point; every other axis (backend, target, task, drafter, γ,
+policy, temperature, load) stays a line, a panel or an x value.
 
 Only ok cells contribute to plots; failed cells appear in the header and the summary table.
 """
@@ -35,12 +36,13 @@ SUMMARY_METRICS = (
 class RunData:
     run: dict  # `runs` row (host, packages, argv decoded) + v_runs' duration_s, cells_ok, cells_failed
     cells: list[dict]  # v_cells rows of the run
-    tau: list[dict]  # per (task, drafter, policy, temperature, num_drafts): pooled τ
-    positions: list[dict]  # per (drafter, gamma = its largest γ, position): pooled α_k, β_k
-    calibration: list[dict]  # per (drafter, kind, bin), position 0: pooled bin sums
-    load: list[dict]  # per (task, drafter, method, num_drafts, policy, temperature, concurrency, rate)
-    summary: list[dict]  # per (cell, repeat): label, repeat, status and SUMMARY_METRICS
-    history: list[HistoryRow] = field(default_factory=list)  # HISTORY_METRIC of this run's speculative cells, same suite
+    tau: list[dict]  # per (backend, target, task, drafter, method, γ, policy, temperature): pooled τ
+    positions: list[dict]  # per (backend, target, drafter, gamma = its largest γ, position): pooled α_k, β_k
+    calibration: list[dict]  # per (backend, target, drafter, kind, bin), position 0: pooled bin sums
+    load: list[dict]  # per (backend, target, task, drafter, method, γ, policy, temperature, concurrency, rate)
+    summary: list[dict]  # per (cell, repeat): label, repeat, status, axes, SUMMARY_METRICS, user_speed_p50
+    # HISTORY_METRIC of this run's speculative cells over the runs of its suite up to it
+    history: list[HistoryRow] = field(default_factory=list)
 
 
 def load_run(store: Store, run_id: str) -> RunData:
@@ -48,16 +50,17 @@ def load_run(store: Store, run_id: str) -> RunData:
     run = store.run(run_id)
     if run is None:
         raise StoreError(f"no run {run_id!r} in {store.path}")
-    stats = _dicts(store, "SELECT duration_s, cells_ok, cells_failed FROM v_runs WHERE run_id = ?", [run_id])
+    key = {"run_id": run_id}
+    stats = _dicts(store, "SELECT duration_s, cells_ok, cells_failed FROM v_runs WHERE run_id = $run_id", key)
     run.update(stats[0] if stats else {})
-    cells = _dicts(store, "SELECT * FROM v_cells WHERE run_id = ? ORDER BY label, repeat", [run_id])
+    cells = _dicts(store, "SELECT * FROM v_cells WHERE run_id = $run_id ORDER BY label, repeat", key)
     data = RunData(
         run=run, cells=cells,
-        tau=_dicts(store, TAU_SQL, [run_id]),
-        positions=_dicts(store, POSITIONS_SQL, [run_id]),
-        calibration=_dicts(store, CALIBRATION_SQL, [run_id]),
-        load=_dicts(store, LOAD_SQL, [run_id, run_id]),
-        summary=_dicts(store, SUMMARY_SQL, [run_id, run_id]),
+        tau=_dicts(store, TAU_SQL, key),
+        positions=_dicts(store, POSITIONS_SQL, key),
+        calibration=_dicts(store, CALIBRATION_SQL, key),
+        load=_dicts(store, LOAD_SQL, key),
+        summary=_dicts(store, SUMMARY_SQL, key),
     )
     # speculative cells only: plain decoding has τ = 1 by definition
     cell_ids = sorted({c["cell_id"] for c in cells if c["status"] == "ok" and c["method"] != "none"})
@@ -67,79 +70,75 @@ def load_run(store: Store, run_id: str) -> RunData:
     return data
 
 
-_OK_CELLS = "SELECT * FROM cells WHERE run_id = ? AND status = 'ok'"
+# Every query binds $run_id; the views are filtered on it too, so DuckDB reads one run's rows, not the history's.
+_OK_CELLS = "SELECT * FROM cells WHERE run_id = $run_id AND status = 'ok'"
+_LINE = "c.backend, c.target, c.task, c.drafter, c.method, c.num_drafts, c.policy, c.temperature"
 
-# τ = (Σ accepted + Σ steps) / Σ steps over a line's cells: the acceptance_length of their pooled steps.
+# τ = (Σ accepted + Σ steps) / Σ steps over a point's cells: the acceptance_length of their pooled steps.
 TAU_SQL = f"""
-    SELECT c.task, c.drafter, c.policy, c.temperature, c.num_drafts,
+    SELECT {_LINE},
            (sum(a.drafts_accepted) + sum(a.steps))::DOUBLE / nullif(sum(a.steps), 0) AS tau,
            sum(a.steps)::BIGINT AS steps
     FROM v_acceptance a JOIN ({_OK_CELLS}) c USING (run_id, cell_id, repeat)
-    WHERE c.method <> 'none'
+    WHERE a.run_id = $run_id AND c.method <> 'none'
     GROUP BY ALL ORDER BY ALL
 """
 
 # α_k = Σ accepted_k / Σ verified_k, β_k = Σ accepted_k / Σ reached_k over a drafter's cells at its largest γ.
 POSITIONS_SQL = f"""
     WITH c AS ({_OK_CELLS}),
-    top AS (SELECT drafter, max(num_drafts) AS gamma FROM c WHERE method <> 'none' GROUP BY drafter)
-    SELECT c.drafter, top.gamma, p.position,
+    top AS (SELECT backend, target, drafter, max(num_drafts) AS gamma FROM c WHERE method <> 'none' GROUP BY ALL)
+    SELECT c.backend, c.target, c.drafter, top.gamma, p.position,
            sum(p.accepted_k)::DOUBLE / nullif(sum(p.verified_k), 0) AS unconditional,
            sum(p.accepted_k)::DOUBLE / nullif(sum(p.reached_k), 0) AS conditional,
            sum(p.verified_k)::BIGINT AS verified
     FROM v_positions p JOIN c USING (run_id, cell_id, repeat)
-    JOIN top ON top.drafter = c.drafter AND c.num_drafts = top.gamma
+    JOIN top ON top.backend = c.backend AND top.target = c.target AND top.drafter = c.drafter
+     AND c.num_drafts = top.gamma
+    WHERE p.run_id = $run_id
     GROUP BY ALL ORDER BY ALL
 """
 
 # Bins have the same edges in every cell, so pooled bin sums are the reliability diagram of the pooled cycles.
 CALIBRATION_SQL = f"""
-    SELECT c.drafter, b.kind, b.bin, min(b.lower) AS lower, max(b.upper) AS upper,
+    SELECT c.backend, c.target, c.drafter, b.kind, b.bin, min(b.lower) AS lower, max(b.upper) AS upper,
            sum(b.count)::BIGINT AS count, sum(b.confidence_sum) AS confidence_sum, sum(b.outcome_sum) AS outcome_sum
     FROM v_calibration b JOIN ({_OK_CELLS}) c USING (run_id, cell_id, repeat)
-    WHERE b.position = 0
+    WHERE b.run_id = $run_id AND b.position = 0
     GROUP BY ALL ORDER BY ALL
 """
 
-# Rates: the mean over repeats of each (line, load) point; speedup from v_speedup (plain of the same run).
-LOAD_SQL = f"""
-    WITH m AS (
-        SELECT task, drafter, method, num_drafts, policy, temperature, concurrency, rate,
-               avg(value) FILTER (WHERE metric = 'throughput') AS throughput,
-               avg(value) FILTER (WHERE metric = 'user_speed_p50') AS user_speed_p50
-        FROM v_metrics WHERE run_id = ? AND status = 'ok' AND metric IN ('throughput', 'user_speed_p50')
-        GROUP BY ALL
-    ), s AS (
-        SELECT task, drafter, method, num_drafts, policy, temperature, concurrency, rate, avg(speedup) AS speedup
-        FROM v_speedup WHERE run_id = ? GROUP BY ALL
-    )
-    SELECT m.*, s.speedup
-    FROM m LEFT JOIN s ON s.task = m.task AND s.drafter = m.drafter AND s.method = m.method
-     AND s.num_drafts = m.num_drafts AND s.policy = m.policy
-     AND s.temperature IS NOT DISTINCT FROM m.temperature
-     AND s.concurrency IS NOT DISTINCT FROM m.concurrency AND s.rate IS NOT DISTINCT FROM m.rate
-    ORDER BY m.task, m.method = 'none' DESC, m.drafter, m.num_drafts, m.policy, m.temperature, m.concurrency, m.rate
-"""
-
 _PIVOT = ",\n".join(
-    f"max(m.value) FILTER (WHERE m.metric = '{name}') AS {name}" for name, _, _ in SUMMARY_METRICS if name != "speedup"
+    f"max(m.value) FILTER (WHERE m.metric = '{name}') AS {name}"
+    for name in [name for name, _, _ in SUMMARY_METRICS if name != "speedup"] + ["user_speed_p50"]
 )
 
-# Speedup: v_speedup's pair within the run (its mean if several plain cells match), else a stored 'speedup'.
-SUMMARY_SQL = f"""
-    WITH s AS (SELECT cell_id, repeat, avg(speedup) AS speedup FROM v_speedup WHERE run_id = ? GROUP BY ALL)
-    SELECT c.cell_id, c.label, c.repeat, c.status, c.error,
+# One row per (cell, repeat) of the run: its axes, the metrics above, and its speedup — v_speedup's pair
+# in the run (the mean if several plain cells match), else a stored 'speedup' metric.
+PER_CELL_SQL = f"""
+    WITH s AS (SELECT cell_id, repeat, avg(speedup) AS speedup FROM v_speedup WHERE run_id = $run_id GROUP BY ALL)
+    SELECT c.cell_id, c.label, c.repeat, c.status, {_LINE}, c.concurrency, c.rate,
            {_PIVOT},
            coalesce(any_value(s.speedup), max(m.value) FILTER (WHERE m.metric = 'speedup')) AS speedup
     FROM cells c
     LEFT JOIN metrics m USING (run_id, cell_id, repeat)
     LEFT JOIN s USING (cell_id, repeat)
-    WHERE c.run_id = ?
-    GROUP BY c.cell_id, c.label, c.repeat, c.status, c.error
-    ORDER BY c.label, c.repeat
+    WHERE c.run_id = $run_id
+    GROUP BY ALL
+"""
+
+SUMMARY_SQL = f"SELECT * FROM ({PER_CELL_SQL}) ORDER BY label, repeat"
+
+# Rates have no counts to pool: each (line, load) point is the mean over its cells' seeds and repeats.
+LOAD_SQL = f"""
+    SELECT backend, target, task, drafter, method, num_drafts, policy, temperature, concurrency, rate,
+           avg(throughput) AS throughput, avg(user_speed_p50) AS user_speed_p50, avg(speedup) AS speedup
+    FROM ({PER_CELL_SQL}) WHERE status = 'ok'
+    GROUP BY backend, target, task, drafter, method, num_drafts, policy, temperature, concurrency, rate
+    ORDER BY backend, target, task, method = 'none' DESC, drafter, num_drafts, policy, temperature, concurrency, rate
 """
 
 
-def _dicts(store: Store, sql: str, params: list[Any]) -> list[dict]:
+def _dicts(store: Store, sql: str, params: dict[str, Any]) -> list[dict]:
     columns, rows = store.query(sql, params)
     return [dict(zip(columns, row)) for row in rows]

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 PANEL_SIZE = (4.4, 3.3)  # inches per panel
 DPI = 100
 PALETTE = "tab10"
+MAX_RUN_TICKS = 30  # a longer history labels every k-th run
 
 
 class Line(NamedTuple):
@@ -41,7 +42,7 @@ class Panel:
     lines: dict[str, Line] = field(default_factory=dict)  # label → line
     empty: str = "no data"  # shown when no line has a point
     diagonal: bool = False  # draw y = x (reliability diagrams)
-    log2_x: bool = False  # log₂ x axis when x spans a factor ≥ 4 (concurrency)
+    log2_x: bool = False  # log₂ x axis when x spans a factor ≥ 4 (concurrency, request rate)
     integer_x: bool = False  # integer ticks (γ, positions)
     unit_square: bool = False  # both axes 0 … 1
     ylim: tuple[float, float] | None = None
@@ -68,12 +69,13 @@ def history_figure(series: Sequence[tuple[str, Sequence[int], Sequence[float], S
                    run_labels: Sequence[str], ylabel: str) -> Figure:
     """One panel: per cell (label, x = run positions, values, fitted levels, change-point indices into
     the cell's values), its values as points and line and, where it changes level, its step fit dashed
-    and each change point circled, with a dotted line between the runs. `run_labels` name the x positions (oldest first)."""
+    and each change point circled, with a dotted line between the runs. `run_labels` name the x
+    positions (oldest first)."""
     fig = _figure(max(7.0, min(16.0, 0.45 * len(run_labels) + 4)) + (3.5 if len(series) <= 12 else 0), 4.6)
     ax = fig.subplots()
-    colours = _colours([s[0] for s in series])
-    for label, xs, values, levels, change_indices in series:
-        colour = colours[label]
+    cmap = matplotlib.colormaps[PALETTE]
+    for index, (label, xs, values, levels, change_indices) in enumerate(series):
+        colour = cmap(index % cmap.N)  # by position: two cells may share a label (seeds are not in it)
         ax.plot(xs, values, marker="o", markersize=3.5, linewidth=1, color=colour, label=_short(label))
         if change_indices:  # a flat fit would only repeat the median
             ax.step(xs, levels, where="mid", linestyle="--", linewidth=1, color=colour, alpha=0.6)
@@ -81,8 +83,10 @@ def history_figure(series: Sequence[tuple[str, Sequence[int], Sequence[float], S
             ax.axvline(xs[i] - 0.5, color=colour, linestyle=":", linewidth=1)
             ax.plot([xs[i]], [values[i]], marker="o", markersize=10, markerfacecolor="none",
                     markeredgecolor=colour, markeredgewidth=1.8)
-    ax.set_xticks(range(len(run_labels)))
-    ax.set_xticklabels([_short(r, 24) for r in run_labels], rotation=45, ha="right", fontsize=7)
+    every = math.ceil(len(run_labels) / MAX_RUN_TICKS)
+    ticks = list(range(0, len(run_labels), every))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([_short(run_labels[i], 24) for i in ticks], rotation=45, ha="right", fontsize=7)
     ax.set_xlabel("run (oldest → newest)")
     ax.set_ylabel(_short(ylabel))
     ax.grid(True, alpha=0.3)
@@ -134,7 +138,8 @@ def _draw_panel(ax, panel: Panel, colours: dict[str, tuple]) -> None:
         ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.4, linestyle="--" if line.dashed else "-",
                 color=colours[line.key or label], label=_short(label))
     if not all_xs:
-        ax.text(0.5, 0.5, _short(panel.empty, 80), ha="center", va="center", transform=ax.transAxes, color="grey", wrap=True)
+        ax.text(0.5, 0.5, _short(panel.empty, 80), ha="center", va="center", transform=ax.transAxes, color="grey",
+                wrap=True)
         return
     if panel.log2_x and min(all_xs) > 0 and max(all_xs) / min(all_xs) >= 4:
         ax.set_xscale("log", base=2)

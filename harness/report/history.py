@@ -14,6 +14,7 @@ statement — a clause with `;` is refused before the store is opened — and on
 
 from __future__ import annotations
 
+import difflib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,8 +156,7 @@ def history_command(
         with Store.open(db, read_only=True) as store:
             names = metric_names(store)
             if metric not in names:
-                present = ", ".join(names) if names else "none (record a run first)"
-                raise StoreError(f"no metric {metric!r} in {db}; metrics present: {present}")
+                raise StoreError(_unknown_metric(metric, names, db))
             try:
                 rows = history(store, metric, where)
             except StoreError as exc:
@@ -172,6 +172,14 @@ def history_command(
         changes = sum(len(s.fit.changes) for s in all_series)
         out.write(f"{len(all_series)} cell(s), {changes} change point(s)\n")
     return 0
+
+
+def _unknown_metric(metric: str, names: Sequence[str], db) -> str:
+    if not names:
+        return f"no metric {metric!r} in {db}: the store has no metrics yet (record a run first)"
+    close = difflib.get_close_matches(metric, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"no metric {metric!r} in {db}{hint}; metrics present: {', '.join(names)}"
 
 
 def _query(source, sql: str, params: list) -> tuple[list[str], list[tuple]]:

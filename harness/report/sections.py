@@ -67,12 +67,14 @@ def run_section(data: RunData, out: Path) -> Section:
         body.append("<h3>Host</h3>" + definitions([(k, _plain(v)) for k, v in sorted(host.items())]))
     packages = run.get("packages") or {}
     if packages:
-        body.append("<h3>Packages</h3>" + table(["package", "version"], [(k, _plain(v)) for k, v in sorted(packages.items())]))
+        rows = [(k, _plain(v)) for k, v in sorted(packages.items())]
+        body.append("<h3>Packages</h3>" + table(["package", "version"], rows))
     failed = [c for c in data.cells if c["status"] == "failed"]
     if failed:
         body.append(f"<h3>Failed cells ({len(failed)})</h3>")
         body.append(table(["cell", "repeat", "cell id", "error"],
-                          [(c["label"], c["repeat"], c["cell_id"], c["error"] or "(no error recorded)") for c in failed],
+                          [(c["label"], c["repeat"], c["cell_id"], c["error"] or "(no error recorded)")
+                           for c in failed],
                           pre_columns=(3,)))
     elif data.cells:
         body.append(note("Every cell succeeded."))
@@ -90,13 +92,12 @@ def acceptance_section(data: RunData, out: Path) -> Section:
     if not rows:
         return Section("acceptance", title, note(
             "No succeeded speculative cell with verify steps in this run, so there is no τ to plot."))
-    many_policies = len({r["policy"] for r in rows}) > 1
-    many_temperatures = len({r["temperature"] for r in rows}) > 1
+    axes = _varying(rows, ("policy", "temperature", "target", "backend"))
     panels: dict[str, Panel] = {}
     for r in rows:
         panel = panels.setdefault(r["task"], Panel(f"task {r['task']}", "γ (drafts per step)", "τ (tokens per step)",
                                                    integer_x=True))
-        label = _line_label(r["drafter"], r, many_policies, many_temperatures)
+        label = _line_label(r["drafter"], r, axes)
         line = panel.lines.setdefault(label, Line([], []))
         line.xs.append(r["num_drafts"])
         line.ys.append(r["tau"])
@@ -118,13 +119,15 @@ def positions_section(data: RunData, out: Path) -> Section:
     title = "Per-position acceptance"
     rows = [r for r in data.positions if r["verified"]]
     if not rows:
-        return Section("positions", title, note("No verified draft positions in this run (no succeeded speculative cell)."))
+        return Section("positions", title, note(
+            "No verified draft positions in this run (no succeeded speculative cell)."))
     alpha = Panel("unconditional α_k = accepted_k / verified_k", "draft position k", "acceptance", integer_x=True,
                   ylim=(0, 1.02))
     beta = Panel("conditional β_k = accepted_k / reached_k", "draft position k", "acceptance", integer_x=True,
                  ylim=(0, 1.02))
+    axes = _varying(rows, ("target", "backend"))
     for r in rows:
-        label = f"{r['drafter']} (γ{r['gamma']})"
+        label = _line_label(f"{r['drafter']} (γ{r['gamma']})", r, axes)
         for panel, column in ((alpha, "unconditional"), (beta, "conditional")):
             line = panel.lines.setdefault(label, Line([], []))
             line.xs.append(r["position"])
@@ -143,14 +146,15 @@ def positions_section(data: RunData, out: Path) -> Section:
 
 def calibration_section(data: RunData, out: Path) -> Section:
     title = "Reliability diagram (ECE)"
+    rows = [r for r in data.calibration if r["count"]]
+    axes = _varying(rows, ("target", "backend"))
     by_drafter: dict[str, dict[str, list[dict]]] = {}
-    for r in data.calibration:
-        if r["count"]:
-            by_drafter.setdefault(r["drafter"], {}).setdefault(r["kind"], []).append(r)
+    for r in rows:
+        by_drafter.setdefault(_line_label(r["drafter"], r, axes), {}).setdefault(r["kind"], []).append(r)
     if not by_drafter:
         return Section("calibration", title, note(
-            "No calibration bins in this run: no drafter with a confidence head succeeded, so there is no "
-            "reliability diagram."))
+            "No calibration bins in this run (pooled positions): no drafter with a confidence head succeeded, "
+            "so there is no reliability diagram."))
     panels, table_rows, missing = [], [], []
     for drafter, kinds in sorted(by_drafter.items()):
         panel = Panel(f"{drafter}: pooled positions", "predicted survival (mean confidence)", "observed survival",
@@ -163,7 +167,8 @@ def calibration_section(data: RunData, out: Path) -> Section:
             count = sum(b["count"] for b in bins)
             eces[kind] = sum(abs(b["confidence_sum"] - b["outcome_sum"]) for b in bins) / count
             panel.lines[f"{kind} (ECE {eces[kind]:.3f})"] = Line(
-                [b["confidence_sum"] / b["count"] for b in bins], [b["outcome_sum"] / b["count"] for b in bins], key=kind)
+                [b["confidence_sum"] / b["count"] for b in bins], [b["outcome_sum"] / b["count"] for b in bins],
+                key=kind)
         if "calibrated" not in eces:
             missing.append(drafter)
         panels.append(panel)
@@ -196,7 +201,7 @@ def load_section(data: RunData, out: Path) -> Section:
     rows = [r for r in data.load if r["throughput"] is not None or r["user_speed_p50"] is not None]
     if not rows:
         return Section("load", title, note("No succeeded cell with throughput or per-user speed in this run."))
-    many_temperatures = len({r["temperature"] for r in rows}) > 1
+    axes = _varying(rows, ("temperature", "target", "backend"))
     body = []
     for axis, axis_label in LOAD_AXES:
         axis_rows = [r for r in rows if r[axis] is not None]
@@ -206,13 +211,13 @@ def load_section(data: RunData, out: Path) -> Section:
         for task in dict.fromkeys(r["task"] for r in axis_rows):
             for column, ylabel in LOAD_PANELS:
                 empty = ("no plain-decoding cell at these loads, so no speedup" if column == "speedup" else "no data")
-                panel = Panel(f"task {task}: {column}", axis_label, ylabel, empty=empty, log2_x=axis == "concurrency")
+                panel = Panel(f"task {task}: {column}", axis_label, ylabel, empty=empty, log2_x=True)
                 for r in (r for r in axis_rows if r["task"] == task):
                     plain = r["method"] == "none"
                     if plain and column == "speedup":
                         continue
                     name = "plain" if plain else f"{r['drafter']} γ{r['num_drafts']}"
-                    label = _line_label(name, r, not plain, many_temperatures)
+                    label = _line_label(name, r, axes if plain else ("policy", *axes))
                     line = panel.lines.setdefault(label, Line([], [], dashed=plain))
                     line.xs.append(r[axis])
                     line.ys.append(r[column])
@@ -243,7 +248,8 @@ def history_section(data: RunData, out: Path) -> Section:
     run_order = list(dict.fromkeys((r.started_at, r.run_id) for r in data.history))
     if len(run_order) < 2:
         return Section("history", title, note(
-            f"This is the only run of suite {suite} with {HISTORY_METRIC} so far; the history starts with the next one."))
+            f"This is the only run of suite {suite} with {HISTORY_METRIC} so far; the history starts with the "
+            "next one."))
     position = {run_id: i for i, (_, run_id) in enumerate(run_order)}
     all_series = series(data.history)
     plotted = [
@@ -256,11 +262,11 @@ def history_section(data: RunData, out: Path) -> Section:
     body = [image(_save(fig, out, "history.png"),
                   f"{HISTORY_METRIC} of this run's cells over the runs of suite {suite}, with change points")]
     changes = [
-        (s.label, s.rows[c.index].run_id, (s.rows[c.index].git_sha or "")[:10], describe_change(c))
+        (s.label, s.cell_id, s.rows[c.index].run_id, (s.rows[c.index].git_sha or "")[:10], describe_change(c))
         for s in all_series for c in s.fit.changes
     ]
     if changes:
-        body.append(table(["cell", "first run at the new level", "git sha", "change"], changes))
+        body.append(table(["cell", "cell id", "first run at the new level", "git sha", "change"], changes))
     else:
         body.append(note("No change point: every cell stays at one level."))
     body.append(note(
@@ -286,7 +292,8 @@ def summary_section(data: RunData, out: Path) -> Section:
     body = [
         table(headers, rows, row_classes=classes),
         note("τ: acceptance length (bonus included); speedup: over plain decoding of the same run (— when there "
-             "is none); ECE: pooled positions, raw and STS-calibrated; TTFT / TPOT: medians over the window's requests."),
+             "is none); ECE: pooled positions, raw and STS-calibrated; TTFT / TPOT: medians over the window's "
+             "requests."),
     ]
     return Section("summary", title, "\n".join(body))
 
@@ -294,13 +301,18 @@ def summary_section(data: RunData, out: Path) -> Section:
 # ------------------------------------------------------------------------------------------ helpers
 
 
-def _line_label(name: str, row: dict, with_policy: bool, with_temperature: bool) -> str:
-    label = name
-    if with_policy:
-        label += f" {row['policy']}"
-    if with_temperature and row["temperature"] is not None:
-        label += f" T{row['temperature']:g}"
-    return label
+AXIS_FORMATS = {"policy": "{}", "temperature": "T{:g}", "target": "@{}", "backend": "[{}]"}
+
+
+def _varying(rows: Sequence[dict], axes: Sequence[str]) -> list[str]:
+    """The axes among `axes` that take more than one value in `rows`: the ones a line label must name."""
+    return [axis for axis in axes if len({r[axis] for r in rows}) > 1]
+
+
+def _line_label(name: str, row: dict, axes: Sequence[str]) -> str:
+    """`name` followed by the row's value of each axis, e.g. 'dspark γ4 scheduler T0.7 @qwen3-8b'."""
+    parts = [name] + [AXIS_FORMATS[axis].format(row[axis]) for axis in axes if row[axis] is not None]
+    return " ".join(parts)
 
 
 def _save(fig, out: Path, filename: str) -> str:
