@@ -138,7 +138,7 @@ def cmd_baseline(args) -> int:
         if args.action == "export":
             with Store.open(args.db, read_only=True) as store:
                 run_id = _resolve_run(store, args.run)
-                export_run(store, run_id, args.file)
+                export_run(store, run_id, args.file, compact=args.compact)
             print(f"exported {run_id} → {args.file}")
         else:
             with Store.open(args.db) as store:
@@ -245,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", type=Path)
     p.add_argument("--run", default="latest", help="export: run id or 'latest'")
     p.add_argument("--label", default=None, help="import: a name for the imported run")
+    p.add_argument("--compact", action="store_true",
+                   help="export: leave out per-token times and engine steps (a gate baseline does not need them)")
     p.set_defaults(func=cmd_baseline)
 
     p = sub.add_parser("embedded", help="rebuild or measure the embedded default")
@@ -256,7 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `harness query … | head`: the reader left, which is not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

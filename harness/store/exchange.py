@@ -27,12 +27,23 @@ from harness.store.tables import ORDER_BY, RUN_TABLES, column_types, insert_colu
 FORMAT = "dspark-harness-run"
 
 
-def export_run(store: Store, run_id: str, path: str | Path) -> Path:
-    """Write run `run_id` with its rows in every table to `path` (folders created); returns the path."""
+# What a gate baseline needs: per-request counts, confidences and metrics. Per-token times and engine
+# steps are most of a run's rows and no gate test reads them, so `compact` exports leave them out.
+TIMING_TABLES = ("request_tokens", "engine_steps")
+
+
+def export_run(store: Store, run_id: str, path: str | Path, *, compact: bool = False) -> Path:
+    """Write run `run_id` with its rows in every table to `path` (folders created); returns the path.
+    `compact` leaves the raw timing tables (`TIMING_TABLES`) empty, for baselines kept in a repository."""
     if store.run(run_id) is None:
         raise StoreError(f"no run {run_id!r} in {store.path} to export")
     chunks = []
     for table in RUN_TABLES:
+        if compact and table in TIMING_TABLES:
+            types = column_types(store.con, table)
+            columns = [name for name in types if name != "run_id"]
+            chunks.append(f'{_dumps(table)}: {{"columns": {_dumps(columns)}, "rows": []}}')
+            continue
         types = column_types(store.con, table)
         columns = [name for name in types if name != "run_id"] if table != "runs" else list(types)
         quoted = ", ".join(f'"{name}"' for name in columns)
