@@ -81,7 +81,20 @@ def load_cells(suite_path: str | Path, only: Sequence[str] = ()):
         raise RunError(f"{suite_path}: {exc}") from None
     if not cells:
         raise RunError(f"{suite_path}: no cells to run" + (f" after --only {' '.join(only)}" if only else ""))
+    check_data(suite_path, cells)
     return suite, cells
+
+
+def check_data(suite_path, cells: Sequence[Cell]) -> None:
+    """Every task's data loads (data directory, else the hub) before any cell runs: missing data is
+    bad input, not a row of failed cells."""
+    from harness.tasks import DataNotFoundError, TaskConfigError, load_task
+
+    for name, n_samples, seed in sorted({(c.task.name, c.task.n_samples, c.seed) for c in cells}):
+        try:
+            load_task(name, n_samples=n_samples, seed=seed)
+        except (DataNotFoundError, TaskConfigError) as exc:
+            raise RunError(f"{suite_path}: task {name!r}: {exc}") from None
 
 
 def run_suite(

@@ -189,3 +189,87 @@ def test_query_is_read_only(tmp_path, data_env, capsys):
     assert "read-only" in capsys.readouterr().err
     _, rows = read_only_query(db, "select count(*) from cells")
     assert rows == [(1,)]
+
+
+def readme_queries() -> list[str]:
+    """The `harness query "…"` examples of the README, as written there."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    return [" ".join(q.split()) for q in re.findall(r'harness query "(.*?)"', text, flags=re.S)]
+
+
+def test_readme_sql_examples_run_on_a_real_store(tmp_path, data_env, capsys):
+    queries = readme_queries()
+    assert len(queries) >= 3
+    db = tmp_path / "h.duckdb"
+    suite = write_suite(tmp_path, n=4, drafters="none, dspark")
+    text = suite.read_text().replace("num_drafts: [3]", "num_drafts: [7]").replace("task: [gsm8k]", "task: [gsm8k, mt_bench]")
+    text = text.replace("tasks:\n", "tasks:\n  mt_bench: {n_samples: 2, max_new_tokens: 8}\n")
+    suite.write_text(text)
+    assert main(["run", str(suite), "--db", str(db)]) == 0
+    for sql in queries:
+        capsys.readouterr()
+        assert main(["query", "--db", str(db), "--format", "json", sql]) == 0, sql
+        assert json.loads(capsys.readouterr().out), f"no rows: {sql}"
+
+
+def test_missing_data_exits_2_before_writing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HARNESS_DATA_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    db = tmp_path / "h.duckdb"
+    assert main(["run", str(write_suite(tmp_path)), "--db", str(db)]) == 2
+    assert "missing gsm8k/test.jsonl" in capsys.readouterr().err
+    assert not db.exists()
+
+
+def test_locked_and_newer_schema_stores_exit_2(tmp_path, data_env, capsys):
+    db = tmp_path / "h.duckdb"
+    with Store.open(db):
+        pass
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
+                               "print('ready', flush=True); time.sleep(60)", str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        assert main(["run", str(write_suite(tmp_path)), "--db", str(db)]) == 2
+        assert "lock" in capsys.readouterr().err.lower()
+    finally:
+        holder.kill()
+        holder.wait()
+    import duckdb
+
+    con = duckdb.connect(str(db))
+    con.execute("insert into schema_migrations values (999, 'from the future', now())")
+    con.close()
+    assert main(["run", str(write_suite(tmp_path)), "--db", str(db)]) == 2
+    assert "newer" in capsys.readouterr().err
+    assert main(["query", "--db", str(db), "select 1"]) == 2
+
+
+def test_gate_on_an_interrupted_run_is_invalid(tmp_path, data_env, capsys):
+    db = tmp_path / "h.duckdb"
+    suite = write_suite(tmp_path, n=6, drafters="dspark")
+    assert main(["run", str(suite), "--db", str(db)]) == 0
+    assert main(["run", str(suite), "--db", str(db)]) == 0
+    with Store.open(db) as store:
+        store.set_run_status(store.latest_run(), "interrupted")
+    capsys.readouterr()
+    assert main(["gate", "--db", str(db)]) == 2
+    assert "INVALID" in capsys.readouterr().out
+
+
+def test_ingest_pytest_benchmark_json(tmp_path, capsys):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({
+        "machine_info": {"node": "x", "cpu": {"brand_raw": "cpu"}}, "commit_info": {"id": "abc"},
+        "datetime": "2026-11-29T10:00:00", "version": "5.2.3",
+        "benchmarks": [{"group": None, "name": "test_scheduler[256x7]", "fullname": "tests/b.py::test_scheduler[256x7]",
+                        "params": {"shape": "256x7"}, "stats": {"min": 1e-4, "max": 3e-4, "mean": 1.5e-4, "stddev": 1e-5,
+                        "rounds": 100, "median": 1.4e-4, "iterations": 1, "ops": 6666.0}, "options": {}, "extra_info": {}}],
+    }))
+    db = tmp_path / "h.duckdb"
+    assert main(["ingest", str(bench), "--db", str(db)]) == 0
+    capsys.readouterr()
+    assert main(["query", "--db", str(db), "--format", "csv", "select name, median from benchmarks"]) == 0
+    assert "test_scheduler[256x7],0.00014" in capsys.readouterr().out
