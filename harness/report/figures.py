@@ -49,7 +49,8 @@ class Panel:
 
 
 def panel_grid(panels: Sequence[Panel], ncols: int = 3, title: str | None = None) -> Figure:
-    """Panels in rows of `ncols`, one legend per panel."""
+    """Panels in rows of `ncols`; one legend for the figure (a line keeps its colour in every panel), beside
+    the grid, so that panels with many lines stay readable."""
     ncols = max(1, min(ncols, len(panels)))
     nrows = max(1, math.ceil(len(panels) / ncols))
     fig = _figure(ncols * PANEL_SIZE[0], nrows * PANEL_SIZE[1] + (0.4 if title else 0))
@@ -59,7 +60,15 @@ def panel_grid(panels: Sequence[Panel], ncols: int = 3, title: str | None = None
         if index >= len(panels):
             ax.set_visible(False)
             continue
-        _draw_panel(ax, panels[index], colours)
+        _draw_panel(ax, panels[index], colours, legend=len(panels) == 1)
+    if len(panels) > 1:
+        seen: dict[str, object] = {}
+        for ax in axes.flat:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(label, handle)
+        if seen:
+            fig.legend(list(seen.values()), list(seen), fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5),
+                       borderaxespad=0)
     if title:
         fig.suptitle(_short(title, 100))
     return fig
@@ -116,7 +125,7 @@ def _colours(keys: Sequence[str]) -> dict[str, tuple]:
     return {key: cmap(i % cmap.N) for i, key in enumerate(ordered)}
 
 
-def _draw_panel(ax, panel: Panel, colours: dict[str, tuple]) -> None:
+def _draw_panel(ax, panel: Panel, colours: dict[str, tuple], legend: bool = True) -> None:
     ax.set_title(_short(panel.title, 60), fontsize=10)
     ax.set_xlabel(_short(panel.xlabel))
     ax.set_ylabel(_short(panel.ylabel))
@@ -148,7 +157,8 @@ def _draw_panel(ax, panel: Panel, colours: dict[str, tuple]) -> None:
         if len(ticks) <= 12:
             ax.set_xticks(ticks)
             ax.set_xticklabels([f"{t:g}" for t in ticks])
-    ax.legend(fontsize=7, loc="best")
+    if legend:
+        ax.legend(fontsize=7, loc="best")
 
 
 def _short(text: str, limit: int = 48) -> str:

@@ -273,3 +273,22 @@ def test_ingest_pytest_benchmark_json(tmp_path, capsys):
     capsys.readouterr()
     assert main(["query", "--db", str(db), "--format", "csv", "select name, median from benchmarks"]) == 0
     assert "test_scheduler[256x7],0.00014" in capsys.readouterr().out
+
+
+def test_ctrl_c_marks_the_run_interrupted_and_keeps_finished_cells(tmp_path, data_env):
+    db = tmp_path / "h.duckdb"
+    suite = write_suite(tmp_path, n=4, concurrency="1, 2, 3")
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(suite), "--db", str(db)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("[1/"):
+            proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    run_id = lines[0].split()[1].rstrip(":")
+    assert any(f"--resume {run_id}" in line for line in lines)
+    with Store.open(db, read_only=True) as store:
+        assert store.run(run_id)["status"] == "interrupted"
+        assert 1 <= len(store.cell_status(run_id)) < 6
