@@ -21,6 +21,7 @@ BACKENDS: dict[str, str] = {
     "inhouse": "backends.inhouse.adapter:InhouseBackend",
     "vllm": "backends.vllm.adapter:VLLMBackend",
     "sglang": "backends.sglang.adapter:SGLangBackend",
+    "openai": "backends.openai.adapter:OpenAIBackend",
 }
 
 

@@ -59,7 +59,7 @@ class SLASpec:
 
 @dataclass(frozen=True)
 class Cell:
-    backend: str  # inhouse | vllm | sglang
+    backend: str  # inhouse | vllm | sglang | openai (any OpenAI-compatible endpoint)
     target: TargetSpec
     drafter: DrafterSpec
     num_drafts: int  # γ; 0 for plain decoding

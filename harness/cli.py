@@ -5,6 +5,7 @@
     harness gate [--db PATH] [--run RUN|latest] [--baseline RUN|latest|BRANCH|FILE.json] [--format …] [--output FILE]
     harness compare RUN_A RUN_B · harness history METRIC [--where SQL] · harness report RUN --out DIR
     harness audit SUITE.yaml · harness ingest FILE · harness baseline export|import …
+    harness serve [--target …] [--drafter-method …] [--port …]   (OpenAI-compatible server, in-house engine)
     harness embedded build|evaluate …
 
 Exit codes: 0 ok · 1 regression or failed cells · 2 invalid input or invalid run · 3 no comparable
@@ -157,6 +158,13 @@ def _resolve_run(store, ref: str) -> str:
     return run_id
 
 
+def cmd_serve(args) -> int:
+    from backends.inhouse.server import serve_main
+
+    _quiet_libraries()
+    return serve_main(args.rest)
+
+
 # ---------------------------------------------------------------------------------------- embedded
 
 
@@ -249,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="export: leave out per-token times and engine steps (a gate baseline does not need them)")
     p.set_defaults(func=cmd_baseline)
 
+    p = sub.add_parser("serve", help="the in-house engine behind an OpenAI-compatible HTTP server", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="server options (harness serve --help)")
+    p.set_defaults(func=cmd_serve)
+
     p = sub.add_parser("embedded", help="rebuild or measure the embedded default")
     p.add_argument("action", choices=("build", "evaluate"))
     p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -257,6 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:  # the server parses its own options (argparse would swallow --help)
+        from argparse import Namespace
+
+        return cmd_serve(Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

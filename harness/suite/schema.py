@@ -37,7 +37,7 @@ from harness.gate.rules import GateRule, Validity
 from harness.suite.document import SUITE_VERSION, DocPath, Locations
 from harness.suite.errors import SuiteError, did_you_mean, one_of, show
 
-BACKENDS = ("inhouse", "vllm", "sglang")
+BACKENDS = ("inhouse", "vllm", "sglang", "openai")
 METHODS = ("none", "dspark", "dflash", "eagle3", "ngram")
 WEIGHTED_METHODS = ("dspark", "dflash", "eagle3")  # need a checkpoint
 CONFIDENCE_METHODS = ("dspark",)  # proposals carry confidence logits (dspark_core DraftConfig: only dspark has the head)

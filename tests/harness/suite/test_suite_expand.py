@@ -150,7 +150,7 @@ def test_an_include_entry_that_cannot_run_is_an_error_at_the_entry():
 
 @pytest.mark.parametrize("matrix, needle, rest", [
     ("  drafter: [none]\n  task: [gsm8k]\n  concurrency: [1]\n", "matrix",
-     "matrix: no backend: give matrix.backend or defaults.backend (inhouse, vllm, sglang)"),
+     "matrix: no backend: give matrix.backend or defaults.backend (inhouse, vllm, sglang, openai)"),
     ("  backend: [inhouse]\n  drafter: [none]\n  concurrency: [1]\n", "matrix",
      "matrix: no task axis: 2 tasks are defined (gsm8k, mt_bench); list the ones to run in matrix.task or set "
      "defaults.task"),

@@ -91,9 +91,9 @@ def test_out_of_range(old, new, needle, rest):
 
 @pytest.mark.parametrize("old, new, needle, rest", [
     ("[inhouse]", "[vlm]", "vlm", "matrix.backend[0]: unknown backend 'vlm' (did you mean 'vllm'?); valid: "
-                                  "inhouse, vllm, sglang"),
+                                  "inhouse, vllm, sglang, openai"),
     ("backend: [inhouse]", "backend: sglng", "sglng", "matrix.backend[0]: unknown backend 'sglng' (did you mean "
-                                                      "'sglang'?); valid: inhouse, vllm, sglang"),
+                                                      "'sglang'?); valid: inhouse, vllm, sglang, openai"),
     ("method: dspark", "method: dspak", "dspak", "drafters.dspark.method: unknown drafter method 'dspak' (did you "
                                                  "mean 'dspark'?); valid: none, dspark, dflash, eagle3, ngram"),
     ('"embedded:dspark"}', '"embedded:dspark", head: gru}', "gru",
@@ -190,7 +190,7 @@ sla: {ttft_s: 2.0}
     ("name: tiny", "name: tiny\nbackend_options: {vllm: {spec: {a: 1}}}", "{a: 1}",
      "backend_options.vllm.spec: a backend option is a scalar or a list of scalars, got a mapping"),
     ("name: tiny", "name: tiny\nbackend_options: {vlm: {x: 1}}", "vlm",
-     "backend_options.vlm: unknown backend 'vlm' (did you mean 'vllm'?); valid: inhouse, vllm, sglang"),
+     "backend_options.vlm: unknown backend 'vlm' (did you mean 'vllm'?); valid: inhouse, vllm, sglang, openai"),
 ])
 def test_rules_within_an_entry(old, new, needle, rest):
     check(old, new, needle, rest)

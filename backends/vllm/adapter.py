@@ -1,0 +1,186 @@
+"""The vLLM backend: a vLLM OpenAI server per server configuration, driven with streaming requests.
+
+Per cell: build the server argv (`server.server_argv`; the suite's `backend_options.vllm`), export the
+draft first if it is in our format (`python -m dspark_core.export_vllm`, into a content-addressed
+directory, once), start the server in its own process group (`backends.process.ServerProcess`) and wait
+for /health — or keep the one already running when the previous cell had the same argv and environment
+— then measure the cell through `backends.openai.adapter.run_cell_at`: the task's conversations at the
+cell's concurrency (closed loop) or rate (Poisson), streamed over /v1/completions with token-id prompts
+from the target's tokenizer, as the in-house adapter builds them.
+
+Acceptance is scoped to the cell: from each response's per-request counts when every measured response
+has them (`acceptance_source` = per_request), else from the difference of vLLM's Prometheus counters
+scraped just before and just after the measured phase (prometheus; a server-wide count, so nothing else
+may use the server meanwhile). vLLM counts only steps that verified at least one draft, in both sources.
+
+Any failure — the server does not start, dies, or the load raises — becomes a BackendError whose message
+ends with the server's log tail; failed requests keep the tail in `CellResult.log`. `close()` stops the
+whole process group (the API server, its engine core and workers).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from backends.base import BackendError, BackendUnavailable, Progress
+from backends.vllm.server import ADAPTER_OPTIONS, DEFAULT_PORT, draft_location, server_argv, speculative_config
+from harness import model_refs
+from harness.cells import Cell, CellResult
+
+EXPORT_TIMEOUT_S = 600.0
+
+
+class VLLMBackend:
+    name = "vllm"
+
+    def __init__(self, **options: Any):
+        """`options`: the suite's `backend_options.vllm` (server flags and the adapter's own keys, see
+        `backends.vllm.server`)."""
+        self.options = dict(options)
+        self.host = str(self.options.get("host") or "127.0.0.1")
+        self.port = int(self.options.get("port", DEFAULT_PORT))
+        self.startup_timeout_s = float(self.options.get("startup_timeout_s", 900.0))
+        env = self.options.get("env") or []
+        if isinstance(env, str):
+            env = [env]
+        bad = [e for e in env if not isinstance(e, str) or "=" not in e]
+        if bad:
+            raise BackendError(f"backend_options.vllm.env entries are NAME=value strings, got {bad}")
+        self.env = dict(e.split("=", 1) for e in env)
+        self._server = None  # backends.process.ServerProcess
+        self._server_key: tuple | None = None
+        self._tokenizers: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ protocol
+
+    def check(self, cell: Cell) -> None:
+        speculative_config(cell, self.options)  # raises BackendError for what vLLM cannot run
+        python = str(self.options.get("python") or sys.executable)
+        if self.options.get("python"):
+            if not Path(python).exists():
+                raise BackendUnavailable(f"backend_options.vllm.python {python!r} does not exist")
+        elif importlib.util.find_spec("vllm") is None:
+            raise BackendUnavailable("vllm is not installed in this interpreter; install it, or set "
+                                     "backend_options.vllm.python to an interpreter that has it")
+        for text in (cell.target.path, cell.drafter.checkpoint):
+            if text is None:
+                continue
+            ref = model_refs.resolve(text)
+            missing = model_refs.missing_files(ref, ())
+            if missing:
+                raise BackendError(f"{text!r}: {missing[0]} does not exist")
+
+    def server_command(self, cell: Cell) -> list[str] | None:
+        return server_argv(cell, self.options)
+
+    def run_cell(self, cell: Cell, progress: Progress | None = None) -> CellResult:
+        from backends.openai.adapter import run_cell_at, served_model, server_version
+        from backends.openai.client import Endpoint
+
+        self.check(cell)
+        draft = self._export(cell)
+        argv = server_argv(cell, self.options)
+        server = self._ensure_server(argv)
+        endpoint = Endpoint(f"http://{self.host}:{self.port}", timeout_s=float(self.options.get("timeout_s", 600.0)))
+        try:
+            endpoint = Endpoint(endpoint.base_url, served_model(endpoint), timeout_s=endpoint.timeout_s)
+            provenance = {
+                "backend_version": f"vllm/{server_version(endpoint)}",
+                "device": "cuda" if _has_cuda() else "cpu",
+                "server_argv": shlex.join(argv),
+            }
+            if draft is not None:
+                provenance["vllm_draft"] = draft
+            result = run_cell_at(endpoint, cell, progress, tokenizer=self._tokenizer(cell.target.path),
+                                 scrape_metrics=True, provenance=provenance)
+            server.check_alive()
+        except BackendError as exc:
+            raise BackendError(f"{exc}{_tail(server)}") from None
+        except Exception as exc:  # noqa: BLE001 — any failure of the cell: keep what the server said
+            if not server.running:
+                self._stop()
+            raise BackendError(f"vLLM cell failed: {type(exc).__name__}: {exc}{_tail(server)}") from exc
+        if any(r.record.failed for r in result.requests):
+            result.log = server.log_tail()
+        return result
+
+    def close(self) -> None:
+        self._stop()
+        self._tokenizers.clear()
+
+    # ------------------------------------------------------------------ server and draft
+
+    def _ensure_server(self, argv: list[str]):
+        """The running server for `argv`, reused when the previous cell had the same one."""
+        from backends.process import ServerError, ServerProcess
+
+        key = (tuple(argv), tuple(sorted(self.env.items())))
+        if self._server is not None and self._server_key == key and self._server.running:
+            return self._server
+        self._stop()
+        env = {**os.environ, **self.env}
+        server = ServerProcess(argv, f"http://{self.host}:{self.port}/health", env=env,
+                               startup_timeout_s=self.startup_timeout_s, log_path=self.options.get("log_path"),
+                               name="vllm server")
+        try:
+            server.start()
+        except ServerError as exc:
+            raise BackendError(f"vLLM server did not start ({shlex.join(argv)}): {exc}") from None
+        self._server, self._server_key = server, key
+        return server
+
+    def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self._server, self._server_key = None, None
+
+    def _export(self, cell: Cell) -> str | None:
+        """Export a draft of ours into vLLM's layout once (content-addressed); returns the vLLM draft dir."""
+        if cell.drafter.method in ("none", "ngram"):
+            return None
+        draft, source = draft_location(cell, self.options)
+        if source is None or (Path(draft) / "config.json").is_file():
+            return draft
+        target = model_refs.resolve(cell.target.path)
+        if not target.is_local:
+            raise BackendError(f"exporting {source} for vLLM needs the target's files locally; {target.text!r} is a hub id")
+        argv = [sys.executable, "-m", "dspark_core.export_vllm", source, draft, "--target", target.location, "--overwrite"]
+        if self.options.get("draft_layout") == "dflash":
+            argv += ["--layout", "dflash", "--allow-fill-in"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise BackendError(f"exporting {source} for vLLM took over {EXPORT_TIMEOUT_S:g} s") from None
+        if done.returncode != 0:
+            raise BackendError(f"cannot export {source} for vLLM: {(done.stderr or done.stdout).strip()}")
+        return draft
+
+    def _tokenizer(self, text: str):
+        if text not in self._tokenizers:
+            from transformers import AutoTokenizer
+
+            self._tokenizers[text] = AutoTokenizer.from_pretrained(model_refs.resolve(text).location)
+        return self._tokenizers[text]
+
+
+def _tail(server) -> str:
+    tail = server.log_tail() if server is not None else ""
+    return f"\n--- vLLM server log (tail) ---\n{tail}" if tail else ""
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+__all__ = ["VLLMBackend", "ADAPTER_OPTIONS"]
