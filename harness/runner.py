@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
-import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from harness.cells import Cell, CellResult
+from harness.cells import Cell
 
 EXIT_OK, EXIT_FAILED_CELLS, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -107,8 +104,10 @@ def run_suite(
     display=None,
     argv: Sequence[str] = (),
     backend_options: dict | None = None,
+    executor=None,
 ) -> RunOutcome:
-    """Run (or resume) a suite into the store at `db_path`; RunError before anything is written."""
+    """Run (or resume) a suite into the store at `db_path`; RunError before anything is written.
+    `executor`: where cells run (harness.executors; default: this process, one at a time)."""
     from harness import provenance
     from harness.progress import PlainDisplay
     from harness.store import RunInfo, Store, StoreError
@@ -141,27 +140,31 @@ def run_suite(
                 host=host, packages=packages, argv=list(argv), repeats=num_repeats,
             ))
         outcome = RunOutcome(run_id, [])
-        backends: dict[str, object] = {}
         display.start(run_id, suite, len(work), resumed=resume is not None)
+        todo = []
+        for cell, repeat in work:
+            if (cell.cell_id, repeat) in done:
+                outcome.outcomes.append(CellOutcome(cell, repeat, "skipped"))
+                display.cell_skipped(cell, repeat)
+            else:
+                todo.append((cell, repeat))
+
+        def options_for(cell: Cell) -> dict:
+            return (backend_options or {}) | dict(suite.backend_options.get(cell.backend, {}))
+
+        from harness.executors import get_executor
+
+        runner = executor if executor is not None else get_executor("local")
         try:
             with _signals_interrupt():
-                for cell, repeat in work:
-                    if (cell.cell_id, repeat) in done:
-                        outcome.outcomes.append(CellOutcome(cell, repeat, "skipped"))
-                        display.cell_skipped(cell, repeat)
-                        continue
-                    result = _run_one(store, run_id, cell, repeat, backends, host_fp, packages, display,
-                                      (backend_options or {}) | dict(suite.backend_options.get(cell.backend, {})))
+                for cell_run in runner.run(todo, options_for, display):
+                    result = _record(store, run_id, cell_run, host_fp, packages)
                     outcome.outcomes.append(result)
                     display.cell_finished(result)
         except Interrupted:
             outcome.interrupted = True
         finally:
-            for backend in backends.values():
-                try:
-                    backend.close()
-                except Exception:  # noqa: BLE001 — closing must not mask the run's outcome
-                    pass
+            runner.close()
             store.finish_run(run_id, "interrupted" if outcome.interrupted else "finished")
         display.finish(outcome)
         return outcome
@@ -177,35 +180,18 @@ def _check_resumable(store, run_id: str, suite) -> str:
     return run_id
 
 
-def _run_one(store, run_id, cell: Cell, repeat: int, backends: dict, host_fp: str, packages: dict, display,
-             options: dict) -> CellOutcome:
-    from backends.base import get_backend
+def _record(store, run_id: str, cell_run, host_fp: str, packages: dict) -> CellOutcome:
+    """Write one finished cell (the driver is the store's only writer) and summarise it for the display."""
     from harness import provenance
 
-    started = datetime.now(timezone.utc)
-    clock = time.perf_counter()
-    display.cell_started(cell, repeat)
-    result: CellResult | None = None
-    error = log = None
-    try:
-        if cell.backend not in backends:
-            backends[cell.backend] = get_backend(cell.backend, **options)
-        result = backends[cell.backend].run_cell(cell, progress=display.requests)
-        failed = [r for r in result.requests if r.record.failed]
-        if result.requests and len(failed) == len(result.requests):
-            raise RuntimeError(f"every request failed; first: {failed[0].record.error}")
-    except Interrupted:
-        raise
-    except Exception as exc:  # noqa: BLE001 — any failure of one cell is recorded and the suite goes on
-        error = f"{type(exc).__name__}: {exc}"
-        log = traceback.format_exc()
-    wall = time.perf_counter() - clock
+    cell, result = cell_run.cell, cell_run.result
     key = provenance.comparability_key(cell.params(), result.provenance if result else {}, host_fp, packages)
-    store.record_cell(run_id, cell, repeat, result=result if error is None else None, error=error, started_at=started,
-                      finished_at=datetime.now(timezone.utc), comparability_key=key,
-                      log=log or (result.log if result else ""))
-    metrics = {m: result.metrics.value(m) for m in SUMMARY_METRICS} if result is not None and error is None else {}
-    return CellOutcome(cell, repeat, "failed" if error else "ok", error, wall, metrics)
+    store.record_cell(run_id, cell, cell_run.repeat, result=result, error=cell_run.error,
+                      started_at=cell_run.started_at, finished_at=cell_run.finished_at, comparability_key=key,
+                      log=cell_run.log)
+    metrics = {m: result.metrics.value(m) for m in SUMMARY_METRICS} if result is not None else {}
+    status = "failed" if cell_run.error else "ok"
+    return CellOutcome(cell, cell_run.repeat, status, cell_run.error, cell_run.wall_s, metrics)
 
 
 @contextmanager
