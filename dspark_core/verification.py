@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dspark_core import kernels
 from dspark_core.distributions import logits_to_probs, sample_from_probs
 
 RESIDUAL_EPS = 1e-9
@@ -105,10 +106,11 @@ def verify(
     temperatures: Tensor,
     generators: list[torch.Generator],
 ) -> VerifyOutput:
-    """`rejection_sample` with uniforms drawn from each request's own generator."""
+    """`rejection_sample` with uniforms drawn from each request's own generator (Triton on CUDA:
+    kernels/rejection.py, with `rejection_sample` as its twin)."""
     accept_u, sample_u = draw_verify_uniforms(generators, cu_num_drafts[1:] - cu_num_drafts[:-1])
     device = target_logits.device
-    return rejection_sample(
+    return kernels.rejection_sample(
         target_logits, draft_token_ids, cu_num_drafts, draft_probs, temperatures,
         accept_u.to(device), sample_u.to(device),
     )

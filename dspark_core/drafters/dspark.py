@@ -21,6 +21,7 @@ from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.drafters.config import DraftConfig
 from dspark_core.drafters.heads import SEQUENTIAL_HEADS, ConfidenceHead
 from dspark_core.drafters.layers import TargetFedDraft
+from dspark_core.kernels import draft_block
 from dspark_core.kv_slots import KVSlots
 
 
@@ -56,6 +57,25 @@ class DSparkModel(TargetFedDraft):
         if self.confidence_head is not None:
             conf = self.confidence_head(h, self.markov_head.markov_w1(prev_ids))
         return logits + bias.float(), conf, head_state
+
+    def sample_block(
+        self, h: Tensor, anchor_ids: Tensor, temperatures: Tensor, uniforms: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Drafting: sample the block position by position, x_0 = the anchor. h [R, n, hidden], anchor_ids [R],
+        temperatures [R], uniforms [R, n] → token ids [R, n], draft probs [R, n, vocab] fp32, confidence
+        logits [R, n] (None without a confidence head). The torch twin of kernels/markov_draft.py."""
+        prev = anchor_ids
+        head_state = self.markov_head.init_state(h.shape[0], h.device) if self.markov_head is not None else None
+        tokens, probs, confs = [], [], []
+        for k in range(h.shape[1]):
+            logits, conf, head_state = self.head_outputs(h[:, k], prev, head_state)
+            p = logits_to_probs(logits, temperatures)
+            prev = sample_from_probs(p, uniforms[:, k])
+            tokens.append(prev)
+            probs.append(p)
+            confs.append(conf)
+        conf_t = torch.stack(confs, dim=1) if confs and confs[0] is not None else None
+        return torch.stack(tokens, dim=1), torch.stack(probs, dim=1), conf_t
 
     def teacher_forced(self, h: Tensor, prev_ids: Tensor) -> tuple[Tensor, Tensor | None]:
         """Training: h [batch, n, hidden], prev_ids [batch, n] (true previous tokens) → logits, conf."""
@@ -120,20 +140,6 @@ class DSparkDrafter:
         h = self.model.backbone(block_ids, positions, state.gather(rows, max_ctx), attn_mask)  # [R, n, hidden]
 
         uniforms = draw_uniforms(step.generators, n, self.device)  # [R, n]
-        prev = step.anchor_ids
-        head_state = (
-            self.model.markov_head.init_state(num_rows, self.device) if self.model.markov_head is not None else None
-        )
-        tokens, probs, confs = [], [], []
-        for k in range(n):
-            logits, conf, head_state = self.model.head_outputs(h[:, k], prev, head_state)
-            p = logits_to_probs(logits, step.temperatures)
-            prev = sample_from_probs(p, uniforms[:, k])
-            tokens.append(prev)
-            probs.append(p)
-            confs.append(conf)
-        return DraftProposal(
-            token_ids=torch.stack(tokens, dim=1),
-            draft_probs=torch.stack(probs, dim=1),
-            confidence_logits=torch.stack(confs, dim=1) if confs and confs[0] is not None else None,
-        )
+        # The sequential head: Triton on CUDA (kernels/markov_draft.py), else DSparkModel.sample_block.
+        tokens, probs, confs = draft_block(self.model, h, step.anchor_ids, step.temperatures, uniforms)
+        return DraftProposal(token_ids=tokens, draft_probs=probs, confidence_logits=confs)
