@@ -1,10 +1,12 @@
 """The `harness` command. Thin: one small function per verb over plain functions that tests call.
 
     harness run SUITE.yaml [--db PATH] [--only AXIS=VALUE …] [--dry-run] [--resume RUN_ID] [--repeats N]
+                           [--executor local|ray [--address ADDR]]
     harness query [--db PATH] [--format table|csv|json] "SQL"
     harness gate [--db PATH] [--run RUN|latest] [--baseline RUN|latest|BRANCH|FILE.json] [--format …] [--output FILE]
     harness compare RUN_A RUN_B · harness history METRIC [--where SQL] · harness report RUN --out DIR
     harness audit SUITE.yaml · harness ingest FILE · harness baseline export|import …
+    harness export RUN… --parquet DIR · harness import DIR   (a history pooled from many machines)
     harness serve [--target …] [--drafter-method …] [--port …]   (OpenAI-compatible server, in-house engine)
     harness embedded build|evaluate …
 
@@ -48,15 +50,20 @@ def cmd_run(args) -> int:
     _quiet_libraries()
     try:
         if args.dry_run:
-            return dry_run(args.suite, args.only, args.repeats)
+            return dry_run(args.suite, args.only, args.repeats, db_path=args.db)
         if sys.stdout.isatty():
             from harness.progress import RichDisplay
             display = RichDisplay()
         else:
             from harness.progress import PlainDisplay
             display = PlainDisplay()
+        from harness.executors import get_executor
+
+        if args.address is not None and args.executor != "ray":
+            raise RunError("--address needs --executor ray")
+        executor = get_executor(args.executor, **({"address": args.address} if args.executor == "ray" else {}))
         outcome = run_suite(args.suite, db_path=args.db, only=args.only, repeats=args.repeats, resume=args.resume,
-                            display=display, argv=sys.argv)
+                            display=display, argv=sys.argv, executor=executor)
     except RunError as exc:
         return _error(str(exc))
     return outcome.exit_code
@@ -149,6 +156,33 @@ def cmd_baseline(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from harness.store import Store, StoreError, export_parquet
+
+    try:
+        with Store.open(args.db, read_only=True) as store:
+            run_ids = [_resolve_run(store, ref) for ref in args.runs]
+            files = export_parquet(store, run_ids, args.parquet)
+    except StoreError as exc:
+        return _error(str(exc))
+    print(f"exported {len(run_ids)} run(s), {len(files)} files → {args.parquet}")
+    return 0
+
+
+def cmd_import(args) -> int:
+    from harness.store import Store, StoreError, import_parquet
+
+    try:
+        with Store.open(args.db) as store:
+            imported, skipped = import_parquet(store, args.dir)
+    except StoreError as exc:
+        return _error(str(exc))
+    for run_id in imported:
+        print(run_id)
+    print(f"imported {len(imported)} run(s), {len(skipped)} already in the store", file=sys.stderr)
+    return 0
+
+
 def _resolve_run(store, ref: str) -> str:
     from harness.store import StoreError
 
@@ -197,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the cells and server commands, run nothing")
     p.add_argument("--resume", metavar="RUN_ID", help="finish a run that was interrupted")
     p.add_argument("--repeats", type=int, help="override the suite's repeats")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="where cells run: this process, one at a time (default), or a Ray cluster")
+    p.add_argument("--address", default=None, help="--executor ray: a running cluster (e.g. auto); default: start one")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("audit", help="losslessness audit: speculative cells against plain decoding")
@@ -256,6 +293,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compact", action="store_true",
                    help="export: leave out per-token times and engine steps (a gate baseline does not need them)")
     p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("export", help="runs as parquet files (one per table and run), to pool with other machines")
+    db_arg(p)
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids or 'latest'")
+    p.add_argument("--parquet", type=Path, required=True, metavar="DIR", help="directory to write DIR/<table>/<run>.parquet")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("import", help="load the runs of a parquet export directory the store lacks (idempotent)")
+    db_arg(p)
+    p.add_argument("dir", type=Path)
+    p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("serve", help="the in-house engine behind an OpenAI-compatible HTTP server", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER, help="server options (harness serve --help)")

@@ -78,6 +78,8 @@ def format_summary(outcome) -> str:
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
     failed = [(label, status) for label, status, _ in rows if status != "ok"]
     lines += [f"{label}: {status}" for label, status in failed]
+    lines.append(f"cost: {outcome.gpu_seconds:.1f} GPU-seconds, {outcome.cpu_seconds:.1f} CPU-seconds "
+                 "(wall time × reserved resources)")
     state = "interrupted — finish it with --resume " + str(outcome.run_id) if outcome.interrupted else "finished"
     lines.append(f"run {outcome.run_id}: {len(rows) - len(failed)} ok, {len(failed)} failed; {state}")
     return "\n".join(lines)

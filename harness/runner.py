@@ -41,6 +41,8 @@ class CellOutcome:
     error: str | None = None
     wall_s: float = 0.0
     metrics: dict[str, float | None] = field(default_factory=dict)
+    gpu_seconds: float = 0.0  # wall time × reserved GPUs (CPUs): the suite's `resources:` for the backend
+    cpu_seconds: float = 0.0
 
 
 @dataclass
@@ -48,6 +50,14 @@ class RunOutcome:
     run_id: str | None
     outcomes: list[CellOutcome]
     interrupted: bool = False
+
+    @property
+    def gpu_seconds(self) -> float:
+        return sum(o.gpu_seconds for o in self.outcomes)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(o.cpu_seconds for o in self.outcomes)
 
     @property
     def exit_code(self) -> int:
@@ -152,15 +162,19 @@ def run_suite(
         def options_for(cell: Cell) -> dict:
             return (backend_options or {}) | dict(suite.backend_options.get(cell.backend, {}))
 
-        from harness.executors import get_executor
+        from harness.executors import get_executor, reserved
+
+        def resources_for(cell: Cell) -> dict:
+            return reserved(suite.resources.get(cell.backend))
 
         runner = executor if executor is not None else get_executor("local")
         try:
-            with _signals_interrupt():
-                for cell_run in runner.run(todo, options_for, display):
-                    result = _record(store, run_id, cell_run, host_fp, packages)
-                    outcome.outcomes.append(result)
-                    display.cell_finished(result)
+            with _signals_interrupt() as held:
+                for cell_run in runner.run(todo, options_for, display, resources_for=resources_for):
+                    with held():  # a signal while a finished cell is written: write it, then stop
+                        result = _record(store, run_id, cell_run, host_fp, packages, resources_for)
+                        outcome.outcomes.append(result)
+                        display.cell_finished(result)
         except Interrupted:
             outcome.interrupted = True
         finally:
@@ -180,25 +194,46 @@ def _check_resumable(store, run_id: str, suite) -> str:
     return run_id
 
 
-def _record(store, run_id: str, cell_run, host_fp: str, packages: dict) -> CellOutcome:
-    """Write one finished cell (the driver is the store's only writer) and summarise it for the display."""
+def _record(store, run_id: str, cell_run, host_fp: str, packages: dict, resources_for) -> CellOutcome:
+    """Write one finished cell (the driver is the store's only writer) and summarise it for the display.
+    Cost: the cell's wall time × what the executor reserved for it (else what the suite declares)."""
     from harness import provenance
 
     cell, result = cell_run.cell, cell_run.result
     key = provenance.comparability_key(cell.params(), result.provenance if result else {}, host_fp, packages)
+    resources = cell_run.resources if cell_run.resources is not None else resources_for(cell)
+    gpu_s, cpu_s = cell_run.wall_s * resources["num_gpus"], cell_run.wall_s * resources["num_cpus"]
     store.record_cell(run_id, cell, cell_run.repeat, result=result, error=cell_run.error,
                       started_at=cell_run.started_at, finished_at=cell_run.finished_at, comparability_key=key,
-                      log=cell_run.log)
+                      log=cell_run.log, resources=resources, gpu_seconds=gpu_s, cpu_seconds=cpu_s)
     metrics = {m: result.metrics.value(m) for m in SUMMARY_METRICS} if result is not None else {}
     status = "failed" if cell_run.error else "ok"
-    return CellOutcome(cell, cell_run.repeat, status, cell_run.error, cell_run.wall_s, metrics)
+    return CellOutcome(cell, cell_run.repeat, status, cell_run.error, cell_run.wall_s, metrics, gpu_s, cpu_s)
 
 
 @contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGINT and SIGTERM become `Interrupted` between (or inside) cells, so the run is marked and closed."""
+def _signals_interrupt() -> Iterator:
+    """SIGINT and SIGTERM become `Interrupted` between (or inside) cells, so the run is marked and closed.
+    Yields `held`: inside `with held():` a signal waits until the block is done (a cell being written
+    is written whole; DuckDB would otherwise abort the write with 'Query interrupted')."""
+    holding: list[bool] = [False]
+    arrived: list[str] = []
+
     def handler(signum, frame):
+        if holding[0]:
+            arrived.append(signal.Signals(signum).name)
+            return
         raise Interrupted(signal.Signals(signum).name)
+
+    @contextmanager
+    def held() -> Iterator[None]:
+        holding[0] = True
+        try:
+            yield
+        finally:
+            holding[0] = False
+        if arrived:
+            raise Interrupted(arrived[0])
 
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -207,7 +242,7 @@ def _signals_interrupt() -> Iterator[None]:
         except ValueError:  # not the main thread (e.g. a test runner thread): leave signals alone
             pass
     try:
-        yield
+        yield held
     except KeyboardInterrupt:
         raise Interrupted("SIGINT") from None
     finally:
@@ -215,8 +250,10 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def dry_run(suite_path: str | Path, only: Sequence[str] = (), repeats: int | None = None, out=None) -> int:
-    """Print the cells (and, for server backends, the exact server argv) without running anything."""
+def dry_run(suite_path: str | Path, only: Sequence[str] = (), repeats: int | None = None, out=None,
+            db_path: str | Path | None = None) -> int:
+    """Print the cells (and, for server backends, the exact server argv) without running anything; with
+    a store at `db_path` that holds a run of the same suite, the cost that run's cells suggest."""
     import shlex
 
     out = out if out is not None else sys.stdout
@@ -237,4 +274,37 @@ def dry_run(suite_path: str | Path, only: Sequence[str] = (), repeats: int | Non
         servers.setdefault(shlex.join(argv), []).append(cell.cell_id)
     for command, ids in servers.items():
         print(f"server for {len(ids)} cells: {command}", file=out)
+    if db_path is not None:
+        _print_estimate(db_path, suite, cells, num_repeats, out)
     return EXIT_OK
+
+
+def _print_estimate(db_path, suite, cells: Sequence[Cell], num_repeats: int, out) -> None:
+    """GPU- and CPU-seconds of the planned cells from the newest run of the same suite name that recorded
+    costs: per cell, the mean over that run's repeats × the planned repeats."""
+    from harness.store import Store, StoreError
+
+    if not Path(db_path).exists():
+        return
+    try:
+        with Store.open(db_path, read_only=True) as store:
+            _, rows = store.query(
+                "SELECT run_id, cell_id, avg(gpu_seconds), avg(cpu_seconds) FROM cells WHERE run_id = ("
+                "  SELECT r.run_id FROM runs r JOIN cells c USING (run_id)"
+                "  WHERE r.suite_name = ? AND c.gpu_seconds IS NOT NULL ORDER BY r.started_at DESC LIMIT 1"
+                ") AND gpu_seconds IS NOT NULL GROUP BY run_id, cell_id", [suite.name])
+    except StoreError as exc:
+        print(f"no cost estimate: {exc}", file=out)
+        return
+    if not rows:
+        return
+    history = {cell_id: (gpu, cpu) for _, cell_id, gpu, cpu in rows}
+    known = [c for c in cells if c.cell_id in history]
+    gpu = sum(history[c.cell_id][0] for c in known) * num_repeats
+    cpu = sum(history[c.cell_id][1] for c in known) * num_repeats
+    print(f"estimated cost from run {rows[0][0]}: {gpu:.1f} GPU-seconds, {cpu:.1f} CPU-seconds for {len(known)} "
+          f"of {len(cells)} cells × {num_repeats} repeats", file=out)
+    for cell in cells:
+        per_repeat = history.get(cell.cell_id)
+        shown = f"{per_repeat[0]:.1f} GPU-s  {per_repeat[1]:.1f} CPU-s per repeat" if per_repeat else "no history"
+        print(f"  {cell.cell_id}  {shown}", file=out)

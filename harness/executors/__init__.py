@@ -16,11 +16,20 @@ EXECUTORS = ("local", "ray")
 
 
 class Executor(Protocol):
-    def run(self, work: Sequence[tuple[Cell, int]], options_for: Callable[[Cell], dict], display) -> Iterator[CellRun]:
-        """Run every (cell, repeat); yield each CellRun as it finishes (any order)."""
+    def run(self, work: Sequence[tuple[Cell, int]], options_for: Callable[[Cell], dict], display,
+            resources_for: Callable[[Cell], dict] | None = None) -> Iterator[CellRun]:
+        """Run every (cell, repeat); yield each CellRun as it finishes (any order). `resources_for(cell)`:
+        what to reserve for it (`reserved`), stamped on its CellRun for cost accounting."""
 
     def close(self) -> None:
         """Free backends, cancel what is still running."""
+
+
+def reserved(entry) -> dict[str, float]:
+    """What a cell reserves, from the suite's `resources.<backend>` entry (None: not declared): num_cpus
+    (default 1, as Ray's) and num_gpus (default 0), and memory_gb where declared."""
+    declared = entry.model_dump(exclude_none=True) if entry is not None else {}
+    return {"num_cpus": 1.0, "num_gpus": 0.0, **{name: float(value) for name, value in declared.items()}}
 
 
 def get_executor(name: str, **options) -> Executor:
@@ -35,4 +44,4 @@ def get_executor(name: str, **options) -> Executor:
     raise ValueError(f"unknown executor {name!r}; valid: {', '.join(EXECUTORS)}")
 
 
-__all__ = ["EXECUTORS", "CellRun", "Executor", "get_executor", "measure_cell"]
+__all__ = ["EXECUTORS", "CellRun", "Executor", "get_executor", "measure_cell", "reserved"]

@@ -12,7 +12,8 @@ class LocalExecutor:
     def __init__(self) -> None:
         self.backends: dict[str, object] = {}
 
-    def run(self, work: Sequence[tuple[Cell, int]], options_for: Callable[[Cell], dict], display) -> Iterator[CellRun]:
+    def run(self, work: Sequence[tuple[Cell, int]], options_for: Callable[[Cell], dict], display,
+            resources_for: Callable[[Cell], dict] | None = None) -> Iterator[CellRun]:
         from backends.base import get_backend
         from harness.runner import Interrupted
 
@@ -29,7 +30,9 @@ class LocalExecutor:
                 now = datetime.now(timezone.utc)
                 yield CellRun(cell, repeat, None, f"{type(exc).__name__}: {exc}", traceback.format_exc(), now, now, 0.0)
                 continue
-            yield measure_cell(cell, repeat, backend, progress=display.requests, interrupt=(Interrupted,))
+            cell_run = measure_cell(cell, repeat, backend, progress=display.requests, interrupt=(Interrupted,))
+            cell_run.resources = resources_for(cell) if resources_for else None
+            yield cell_run
 
     def close(self) -> None:
         for backend in self.backends.values():

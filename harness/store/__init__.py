@@ -14,6 +14,7 @@ by `harness.metrics` on `Store.cell_result(...)`, or in SQL by the views (`views
     store.py        Store (begin_run, record_cell, finish_run, cell_status, run, runs, latest_run, query,
                     cell, cell_result) and RunInfo
     exchange.py     export_run / import_run: one run as one deterministic JSON file (CI baselines)
+    parquet.py      export_parquet / import_parquet: runs as parquet files per table, pooled from many machines
     benchmarks.py   ingest_benchmark_json: pytest-benchmark JSON as a 'benchmark' run
     query.py        read_only_query: what `harness query` runs
 
@@ -26,7 +27,7 @@ monotonic clock, `*_at` naive UTC timestamps, JSON columns canonical JSON text):
     cells(run_id, cell_id, repeat PK, label, backend, target, drafter, method, num_drafts, task,
           temperature, concurrency, rate, policy, seed, params JSON, comparability_key, provenance JSON,
           status ok|failed, error, log, started_at, finished_at, window_start_s, window_end_s,
-          sts_temperatures JSON)
+          sts_temperatures JSON, resources JSON, gpu_seconds, cpu_seconds)   (the last three: schema 2)
     superseded_cells(run_id, cell_id, repeat, error, log, started_at, finished_at, superseded_at)
     requests(run_id, cell_id, repeat, request_id, prompt_key, sample_index, turn, warmup, prompt_tokens,
              output_tokens, arrival_s, first_token_s, finish_s, finish_reason, error, num_drafts,
@@ -48,11 +49,12 @@ from harness.store.connection import DEFAULT_PATH
 from harness.store.errors import StoreError
 from harness.store.exchange import export_run, import_run
 from harness.store.migrations import MIGRATIONS, SCHEMA_VERSION
+from harness.store.parquet import export_parquet, import_parquet
 from harness.store.query import read_only_query
 from harness.store.store import RunInfo, Store, new_run_id
 from harness.store.views import VIEWS
 
 __all__ = [
-    "DEFAULT_PATH", "MIGRATIONS", "SCHEMA_VERSION", "VIEWS", "RunInfo", "Store", "StoreError", "export_run",
-    "import_run", "ingest_benchmark_json", "new_run_id", "read_only_query",
+    "DEFAULT_PATH", "MIGRATIONS", "SCHEMA_VERSION", "VIEWS", "RunInfo", "Store", "StoreError", "export_parquet",
+    "export_run", "import_parquet", "import_run", "ingest_benchmark_json", "new_run_id", "read_only_query",
 ]

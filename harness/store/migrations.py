@@ -102,6 +102,12 @@ V1_TABLES = [
 # (version, description, statements): append only, never edit a released entry.
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "runs, cells, raw-record, metric and benchmark tables; the views of views.py", V1_TABLES),
+    (2, "cost accounting: cells.resources, gpu_seconds, cpu_seconds; view v_costs", [
+        # what the executor reserved for the cell ({"num_cpus": 1.0, "num_gpus": 0.0, …}); NULL before v2
+        "ALTER TABLE cells ADD COLUMN resources JSON",
+        "ALTER TABLE cells ADD COLUMN gpu_seconds DOUBLE",  # the cell's wall time × reserved GPUs
+        "ALTER TABLE cells ADD COLUMN cpu_seconds DOUBLE",  # the cell's wall time × reserved CPUs
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -11,8 +11,9 @@ without a migration (`migrations.py`) and a line in `VIEWS.md`.
     v_runs          one row per run: run_id, kind, label, status, suite_name, suite_path, suite_hash,
                     git_sha, git_branch, git_dirty, host_fingerprint, repeats, started_at, finished_at,
                     duration_s (NULL while running), cells_ok, cells_failed, benchmarks
-    v_cells         one row per (run, cell, repeat): every column of `cells` but `log`, then
-                    duration_s, git_branch, git_sha, host_fingerprint, run_started_at, run_kind, run_label
+    v_cells         one row per (run, cell, repeat): every column of `cells` but `log` and the cost
+                    columns, then duration_s, git_branch, git_sha, host_fingerprint, run_started_at,
+                    run_kind, run_label, resources, gpu_seconds, cpu_seconds
     v_metrics       one row per metric value: run_id, started_at (the run's), git_branch, git_sha,
                     cell_id, repeat, label, backend, target, drafter, method, num_drafts, task,
                     temperature, concurrency, rate, policy, metric, value, unit, n, comparability_key,
@@ -41,6 +42,10 @@ without a migration (`migrations.py`) and a line in `VIEWS.md`.
                     temperature, kind, position, bin, lower, upper, count, confidence_sum, outcome_sum,
                     mean_confidence (confidence_sum / count), accuracy (outcome_sum / count),
                     gap (mean_confidence − accuracy)
+    v_costs         one row per (run, cell), repeats summed: run_id, cell_id, label, backend, repeats,
+                    failed, num_gpus, num_cpus (reserved, from `resources`), gpu_seconds, cpu_seconds
+                    (Σ wall time × reserved GPUs / CPUs; NULL for cells recorded before schema 2),
+                    run_gpu_seconds, run_cpu_seconds (the run's totals, on every row of the run)
 
 Each view's SQL is the formula its `harness.metrics` twin writes in its docstring; the store's tests
 check that they agree value for value.
@@ -51,6 +56,7 @@ from __future__ import annotations
 import duckdb
 
 _CELL_KEY = "run_id, cell_id, repeat"
+_COST_COLUMNS = "resources, gpu_seconds, cpu_seconds"  # schema 2: after the columns v_cells had before
 
 VIEWS: dict[str, str] = {
     "v_runs": """
@@ -64,10 +70,10 @@ VIEWS: dict[str, str] = {
                    FROM cells GROUP BY run_id) c USING (run_id)
         LEFT JOIN (SELECT run_id, count(*) AS benchmarks FROM benchmarks GROUP BY run_id) b USING (run_id)
     """,
-    "v_cells": """
-        SELECT c.* EXCLUDE (log), epoch(c.finished_at - c.started_at) AS duration_s,
+    "v_cells": f"""
+        SELECT c.* EXCLUDE (log, {_COST_COLUMNS}), epoch(c.finished_at - c.started_at) AS duration_s,
                r.git_branch, r.git_sha, r.host_fingerprint, r.started_at AS run_started_at,
-               r.kind AS run_kind, r.label AS run_label
+               r.kind AS run_kind, r.label AS run_label, {_COST_COLUMNS}
         FROM cells c JOIN runs r USING (run_id)
     """,
     "v_metrics": """
@@ -174,6 +180,17 @@ VIEWS: dict[str, str] = {
                b.outcome_sum / nullif(b.count, 0) AS accuracy,
                (b.confidence_sum - b.outcome_sum) / nullif(b.count, 0) AS gap
         FROM calibration_bins b JOIN cells c USING (run_id, cell_id, repeat)
+    """,
+    "v_costs": """
+        SELECT c.run_id, c.cell_id, c.label, c.backend,
+               count(*) AS repeats, count_if(c.status = 'failed') AS failed,
+               (any_value(c.resources) -> 'num_gpus')::DOUBLE AS num_gpus,
+               (any_value(c.resources) -> 'num_cpus')::DOUBLE AS num_cpus,
+               sum(c.gpu_seconds) AS gpu_seconds, sum(c.cpu_seconds) AS cpu_seconds,
+               sum(sum(c.gpu_seconds)) OVER (PARTITION BY c.run_id) AS run_gpu_seconds,
+               sum(sum(c.cpu_seconds)) OVER (PARTITION BY c.run_id) AS run_cpu_seconds
+        FROM cells c
+        GROUP BY c.run_id, c.cell_id, c.label, c.backend
     """,
 }
 

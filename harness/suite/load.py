@@ -20,8 +20,8 @@ from harness.suite.document import Locations, canonical_text, read_document
 from harness.suite.errors import SuiteError, did_you_mean
 from harness.suite.expand import expand
 from harness.suite.references import check_references
-from harness.suite.schema import (Defaults, DrafterEntry, Matrix, PolicyEntry, SuiteDoc, TargetEntry, TaskEntry,
-                                  validate)
+from harness.suite.schema import (Defaults, DrafterEntry, Matrix, PolicyEntry, ResourcesEntry, SuiteDoc, TargetEntry,
+                                  TaskEntry, validate)
 
 PathLike = str | os.PathLike[str]
 
@@ -47,6 +47,7 @@ class Suite:
     tasks: dict[str, TaskEntry]
     policies: dict[str, PolicyEntry]  # as defined; built-ins are added by schema.policies_of
     backend_options: dict[str, dict[str, object]]
+    resources: dict[str, ResourcesEntry] = field(default_factory=dict)  # per backend (harness.executors)
     locations: Locations = field(repr=False, default_factory=Locations)  # where each part is written
 
     @property
@@ -84,7 +85,7 @@ def parse_suite_text(text: str, path: str = "<text>", *,
         validity=Validity(**doc.validity.model_dump()),
         sla=SLASpec(**doc.sla.model_dump()) if doc.sla is not None else None,
         targets=doc.targets, drafters=doc.drafters, tasks=doc.tasks, policies=doc.policies,
-        backend_options=doc.backend_options, locations=document.locations,
+        backend_options=doc.backend_options, resources=doc.resources, locations=document.locations,
     )
     expand(suite)
     return suite

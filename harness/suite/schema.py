@@ -17,6 +17,7 @@ unknown keys), and pydantic's errors turned into one-line `SuiteError`s at the o
     validity: {min_requests: 4, min_duration_s: 0.5, max_failed_fraction: 0.0}
     gates:    {acceptance_length: {direction: higher, test: paired_bootstrap, relative: 0.01}}
     backend_options: {vllm: {gpu_memory_utilization: 0.9}}
+    resources: {inhouse: {num_cpus: 1}, vllm: {num_gpus: 1, num_cpus: 4, memory_gb: 64}}   # optional
 
 Strict means YAML types are taken as written: `n_samples: "8"` is an error, not 8; an integer is
 accepted where a number is expected. Checks that span sections (a matrix value naming a defined drafter,
@@ -334,6 +335,15 @@ def _option_values(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+class ResourcesEntry(Section):
+    """What one cell of a backend reserves (harness.executors: Ray schedules by it; cost = wall time × it).
+    Not part of a cell's id: it says where a cell runs, not what it measures. Unset: 1 CPU, no GPU."""
+
+    num_cpus: Annotated[float, Field(ge=0)] | None = None
+    num_gpus: Annotated[float, Field(ge=0)] | None = None
+    memory_gb: Annotated[float, Field(gt=0)] | None = None  # Ray schedules on it; not costed
+
+
 class SuiteDoc(Section):
     """A whole suite document, includes merged."""
 
@@ -350,6 +360,7 @@ class SuiteDoc(Section):
     validity: ValidityEntry = ValidityEntry()
     gates: dict[Metric, GateEntry] = {}
     backend_options: dict[Backend, Annotated[dict[str, Any], AfterValidator(_option_values)]] = {}
+    resources: dict[Backend, ResourcesEntry] = {}  # per backend; absent: the hash is as without the field
 
 
 def drafters_of(drafters: dict[str, DrafterEntry]) -> dict[str, DrafterEntry]:
