@@ -17,12 +17,14 @@ from harness.cells import Cell
 
 ALGORITHMS = {"dspark": "DSPARK", "dflash": "DFLASH", "eagle3": "EAGLE3", "ngram": "NGRAM"}
 DEFAULT_PORT = 30000
+# The adapter's own options (backends/sglang/adapter.py), never passed to the server as flags.
+ADAPTER_OPTIONS = ("python", "port", "host", "env", "startup_timeout_s", "log_path", "timeout_s")
 
 
 def server_argv(cell: Cell, options: Mapping[str, Any] | None = None) -> list[str]:
     options = dict(options or {})
-    port = int(options.pop("port", DEFAULT_PORT))
-    python = str(options.pop("python", sys.executable or "python3"))
+    port = int(options.get("port", DEFAULT_PORT))
+    python = str(options.get("python") or sys.executable or "python3")
     argv = [python, "-m", "sglang.launch_server",
             "--model-path", model_refs.resolve(cell.target.path).location,
             "--dtype", cell.target.dtype, "--port", str(port), "--random-seed", str(cell.seed),
@@ -40,9 +42,13 @@ def server_argv(cell: Cell, options: Mapping[str, Any] | None = None) -> list[st
         if d.method != "ngram":
             argv += ["--speculative-draft-model-path", model_refs.resolve(d.checkpoint or "").location]
     for key, value in sorted(options.items()):
+        if key in ADAPTER_OPTIONS:
+            continue
         flag = "--" + key.replace("_", "-")
         if value is True:
             argv.append(flag)
+        elif isinstance(value, list):
+            argv += [flag, *[str(v) for v in value]]
         elif value is not False and value is not None:
             argv += [flag, str(value)]
     return argv

@@ -9,9 +9,12 @@ cell's concurrency (closed loop) or rate (Poisson), streamed over /v1/completion
 from the target's tokenizer, as the in-house adapter builds them.
 
 Acceptance is scoped to the cell: from each response's per-request counts when every measured response
-has them (`acceptance_source` = per_request), else from the difference of vLLM's Prometheus counters
-scraped just before and just after the measured phase (prometheus; a server-wide count, so nothing else
-may use the server meanwhile). vLLM counts only steps that verified at least one draft, in both sources.
+has them (`acceptance_source` = per_request; vLLM ≥ 0.32 sends them as `metrics.speculative_decoding` on
+the final chunk, asked for with `--per-request-spec-decode-metrics detailed`, see `per_request_usage`),
+else from the difference of vLLM's Prometheus counters scraped just before and just after the measured
+phase (prometheus; server-wide, so nothing else may use the server meanwhile). vLLM counts only steps
+that verified at least one draft, in both sources, and drafts γ up to the last step even when fewer
+tokens remain (our engine drafts at most the tokens left − 1), so the last step of a request can differ.
 
 Any failure — the server does not start, dies, or the load raises — becomes a BackendError whose message
 ends with the server's log tail; failed requests keep the tail in `CellResult.log`. `close()` stops the
@@ -65,7 +68,7 @@ class VLLMBackend:
         if self.options.get("python"):
             if not Path(python).exists():
                 raise BackendUnavailable(f"backend_options.vllm.python {python!r} does not exist")
-        elif importlib.util.find_spec("vllm") is None:
+        elif not installed("vllm"):
             raise BackendUnavailable("vllm is not installed in this interpreter; install it, or set "
                                      "backend_options.vllm.python to an interpreter that has it")
         for text in (cell.target.path, cell.drafter.checkpoint):
@@ -87,9 +90,12 @@ class VLLMBackend:
         draft = self._export(cell)
         argv = server_argv(cell, self.options)
         server = self._ensure_server(argv)
-        endpoint = Endpoint(f"http://{self.host}:{self.port}", timeout_s=float(self.options.get("timeout_s", 600.0)))
+        # return_token_ids: each chunk carries its token ids (exact counts, and outputs the audit compares)
+        endpoint = Endpoint(f"http://{self.host}:{self.port}", timeout_s=float(self.options.get("timeout_s", 600.0)),
+                            extra_body={"return_token_ids": True})
         try:
-            endpoint = Endpoint(endpoint.base_url, served_model(endpoint), timeout_s=endpoint.timeout_s)
+            endpoint = Endpoint(endpoint.base_url, served_model(endpoint), timeout_s=endpoint.timeout_s,
+                                extra_body=endpoint.extra_body)
             provenance = {
                 "backend_version": f"vllm/{server_version(endpoint)}",
                 "device": "cuda" if _has_cuda() else "cpu",
@@ -169,6 +175,33 @@ class VLLMBackend:
         return self._tokenizers[text]
 
 
+def per_request_usage(metrics: Any) -> dict[str, Any] | None:
+    """vLLM's per-request acceptance (the top-level `metrics.speculative_decoding` of the final streamed
+    chunk, vLLM ≥ 0.32 with `--per-request-spec-decode-metrics detailed`) as the spec extension of
+    `backends.openai.metrics.per_request_steps` (`spec_num_drafts`, `spec_verify_ct`,
+    `spec_verified_per_step`, `spec_accepted_per_step`); None without per-step arrays (level `summary`).
+    vLLM records only steps that verified ≥ 1 draft, so these are drafting steps.
+
+    The OpenAI client does not keep that block yet: until it does, the adapter's acceptance comes from
+    the Prometheus counters (`acceptance_source` says which)."""
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if not isinstance(spec, dict):
+        return None
+    accepted, drafted = spec.get("per_step_accepted"), spec.get("per_step_drafted")
+    if not isinstance(accepted, list) or not isinstance(drafted, list) or len(accepted) != len(drafted):
+        return None
+    return {"spec_num_drafts": int(spec.get("num_spec_tokens", max(drafted, default=0))),
+            "spec_verify_ct": len(accepted), "spec_verified_per_step": [int(v) for v in drafted],
+            "spec_accepted_per_step": [int(a) for a in accepted]}
+
+
+def installed(name: str) -> bool:
+    """Whether `name` is an installed package here (a directory that merely shares its name, seen as a
+    namespace package — tests/backends/vllm when tests/backends is on sys.path — does not count)."""
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.origin is not None
+
+
 def _tail(server) -> str:
     tail = server.log_tail() if server is not None else ""
     return f"\n--- vLLM server log (tail) ---\n{tail}" if tail else ""
@@ -183,4 +216,4 @@ def _has_cuda() -> bool:
         return False
 
 
-__all__ = ["VLLMBackend", "ADAPTER_OPTIONS"]
+__all__ = ["VLLMBackend", "ADAPTER_OPTIONS", "per_request_usage"]
