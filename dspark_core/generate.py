@@ -7,14 +7,26 @@ confidences but is made before verification, and a policy sees position j's conf
 number of the proposal: keeping it lossless (never depending on token j or later) is the policy's
 contract, tested in the engine.
 
+A policy may also decide, *before* the draft forward, how many tokens to draft this step
+(`DraftLengthPolicy.draft_length`, 0 … γ): with 0 the step skips the draft forward and is a plain
+decoding step (the target's next token from the anchor alone). Being asked before any draft of the step
+exists, that decision cannot depend on them. The drafter still gets every committed token with its
+features, so later drafts see a complete context, but lazily: a drafter needs its context only when it
+drafts, so steps without drafts park the new positions (`PendingObservations`) and the next draft step
+(or a full buffer) hands them over in one batched `observe`.
+
+The target verifies a right-padded [R, 1 + longest verify length] block, so a step costs what its
+longest verification costs; the drafter observes only up to the longest accepted run.
+
 Counters are raw (steps, drafted, accepted per step, confidences with outcomes); ratios are
 derived elsewhere, once.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -25,6 +37,21 @@ from dspark_core.verification import verify
 
 # policy(proposal, step) → [R] number of drafts to verify per row (≤ num_drafts)
 VerifyPolicy = Callable[[DraftProposal, DraftStep], Tensor]
+
+
+@runtime_checkable
+class DraftLengthPolicy(Protocol):
+    """A verify policy that also chooses how many tokens to draft, before the draft forward runs, and
+    learns from what earlier steps accepted."""
+
+    def draft_length(self, step: DraftStep) -> int:
+        """Tokens to draft for every row this step, 0 … step.num_drafts (0: no draft forward). `step` holds
+        the committed tokens only: this step's drafts do not exist yet."""
+
+    def observe_outcomes(self, num_verified: Tensor, num_accepted: Tensor) -> None:
+        """After verification of a step that drafted: [R] drafts verified and accepted per row."""
+
+    def __call__(self, proposal: DraftProposal, step: DraftStep) -> Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -93,6 +120,26 @@ class GenerationResult:
     counters: RequestCounters
 
 
+MAX_PENDING = 64  # positions a slot may hold back from the drafter before they are handed over
+
+
+@dataclass
+class PendingObservations:
+    """Committed positions the drafter has not observed yet, per slot, in order (steps without drafts)."""
+
+    token_ids: Tensor  # [num_slots, MAX_PENDING]
+    features: Tensor  # [num_slots, MAX_PENDING, F] the target's features of those positions
+    count: Tensor  # [num_slots] long
+
+    @classmethod
+    def allocate(cls, num_slots: int, num_features: int, dtype: torch.dtype, device) -> "PendingObservations":
+        return cls(
+            torch.zeros(num_slots, MAX_PENDING, dtype=torch.long, device=device),
+            torch.zeros(num_slots, MAX_PENDING, num_features, dtype=dtype, device=device),
+            torch.zeros(num_slots, dtype=torch.long, device=device),
+        )
+
+
 @dataclass
 class BatchState:
     """Committed tokens and caches of a batch of request slots."""
@@ -101,6 +148,9 @@ class BatchState:
     num_tokens: Tensor  # [num_slots]: committed; the last is the anchor (its target forward not yet run)
     target_cache: object
     draft_state: object
+    last_draft_length: int = 0  # tokens drafted per row by the last speculative step (0: no draft forward)
+    has_confidences: bool | None = None  # whether the drafter's proposals carry confidences (None: none seen yet)
+    pending: PendingObservations | None = None  # held back from the drafter (allocated on first use)
 
 
 def new_batch_state(target: TargetModel, drafter: Drafter, num_slots: int, capacity: int) -> BatchState:
@@ -118,6 +168,8 @@ def release_slots(state: BatchState, drafter: Drafter, rows: Tensor) -> None:
     """Free slots for new requests (continuous batching): lengths to zero, nothing copied."""
     state.num_tokens[rows] = 0
     state.target_cache.lengths[rows] = 0
+    if state.pending is not None:
+        state.pending.count[rows] = 0
     drafter.reset(state.draft_state, rows)
 
 
@@ -185,9 +237,14 @@ def prefill(
     padded = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long, device=device)
     for i, p in enumerate(prompts):
         padded[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
-    out = target.forward(state.target_cache, rows, padded, lengths)
+    last = (lengths - 1)[:, None]  # [R, 1]: only the last prompt position's logits are needed
+    if _accepts_logits_at(target):
+        out = target.forward(state.target_cache, rows, padded, lengths, logits_at=last)
+        last_logits = out.logits[:, 0]  # [R, vocab]
+    else:
+        out = target.forward(state.target_cache, rows, padded, lengths)
+        last_logits = out.logits[torch.arange(len(prompts), device=device), lengths - 1]  # [R, vocab]
     drafter.observe(state.draft_state, rows, padded, out.features, lengths)
-    last_logits = out.logits[torch.arange(len(prompts), device=device), lengths - 1]  # [R, vocab]
     no_drafts = torch.zeros(len(prompts) + 1, dtype=torch.long, device=device)
     first = verify(last_logits, no_drafts[:0], no_drafts, None, temperatures, generators).next_token_ids
     state.token_ids[rows, : padded.shape[1]] = padded
@@ -211,58 +268,115 @@ def speculative_step(
     """One step for slots `rows`: returns per row the emitted tokens, drafts verified, drafts accepted,
     and the verified positions' confidence logits (None if the drafter has no confidence head).
 
-    `max_verify` [R] caps the drafts verified per row (the remaining token budget minus the bonus).
+    `max_verify` [R] caps the drafts verified per row (the remaining token budget minus the bonus). A
+    `DraftLengthPolicy` first picks how many of the `num_drafts` tokens to draft (0: no draft forward), and
+    afterwards hears what was verified and accepted.
     """
     device = target.device
     num_rows = len(rows)
     step = DraftStep(rows, state.token_ids, state.num_tokens, num_drafts, temperatures, generators)
     anchors = step.anchor_ids
+    planner = policy if num_drafts > 0 and isinstance(policy, DraftLengthPolicy) else None
+    if planner is not None:
+        num_drafts = step.num_drafts = max(0, min(num_drafts, int(planner.draft_length(step))))  # no draft exists yet
     if num_drafts > 0:
+        hand_over_pending(drafter, state, rows)  # the drafter's context must be complete before it drafts
         proposal = drafter.propose(state.draft_state, step)
+        state.has_confidences = proposal.confidence_logits is not None
     else:
         proposal = DraftProposal(torch.empty(num_rows, 0, dtype=torch.long, device=device), None, None)
+    state.last_draft_length = num_drafts
     n_verify = torch.clamp(max_verify, min=0, max=num_drafts)
     if proposal.num_valid is not None:
         n_verify = torch.minimum(n_verify, proposal.num_valid)
     if policy is not None and num_drafts > 0:
         n_verify = torch.minimum(n_verify, policy(proposal, step))
 
-    # Target forward over [anchor, d_1 … d_n] for each row (right-padded to γ + 1).
-    inputs = torch.cat([anchors[:, None], proposal.token_ids], dim=1)
+    # Target forward over [anchor, d_1 … d_n] for each row, right-padded to the longest n + 1.
+    width = int(n_verify.max()) + 1 if num_rows else 1
+    inputs = torch.cat([anchors[:, None], proposal.token_ids[:, : width - 1]], dim=1)  # [R, width]
     cache_len_before = state.target_cache.lengths[rows].clone()
     out = target.forward(state.target_cache, rows, inputs, n_verify + 1)
 
-    draft_valid = torch.arange(num_drafts, device=device)[None, :] < n_verify[:, None]  # [R, γ]
-    target_valid = torch.arange(num_drafts + 1, device=device)[None, :] <= n_verify[:, None]  # [R, γ+1]
+    offsets = torch.arange(width, device=device)
+    target_valid = offsets[None, :] <= n_verify[:, None]  # [R, width]
+    draft_valid = target_valid[:, 1:]  # [R, width − 1]: drafts 1 … n verified
     cu_num_drafts = torch.zeros(num_rows + 1, dtype=torch.long, device=device)
     cu_num_drafts[1:] = n_verify.cumsum(0)
-    draft_probs = proposal.draft_probs[draft_valid] if proposal.draft_probs is not None else None
+    draft_tokens = inputs[:, 1:]
+    draft_probs = proposal.draft_probs[:, : width - 1][draft_valid] if proposal.draft_probs is not None else None
     result = verify(
-        out.logits[target_valid], proposal.token_ids[draft_valid], cu_num_drafts, draft_probs,
-        temperatures, generators,
+        out.logits[target_valid], draft_tokens[draft_valid], cu_num_drafts, draft_probs, temperatures, generators,
     )
     num_accepted = result.num_accepted
+    num_emitted = num_accepted + 1
+    if planner is not None and num_drafts > 0:
+        planner.observe_outcomes(n_verify, num_accepted)
 
     # Commit accepted drafts + recovered/bonus token; roll the target cache back to anchor + accepted.
-    state.target_cache.rollback(rows, cache_len_before + 1 + num_accepted)
-    drafter.observe(state.draft_state, rows, inputs, out.features, num_accepted + 1)
-    emitted_t = torch.cat([proposal.token_ids, torch.zeros(num_rows, 1, dtype=torch.long, device=device)], dim=1)
+    state.target_cache.rollback(rows, cache_len_before + num_emitted)
+    if planner is not None and num_drafts == 0:
+        hold_back(drafter, state, rows, inputs[:, 0], out.features[:, 0])  # one committed position per row
+    else:
+        observed = int(num_emitted.max()) if num_rows else 1  # the drafter sees only committed positions
+        drafter.observe(state.draft_state, rows, inputs[:, :observed], out.features[:, :observed], num_emitted)
+    emitted_t = torch.cat([draft_tokens, torch.zeros(num_rows, 1, dtype=torch.long, device=device)], dim=1)
     emitted_t[torch.arange(num_rows, device=device), num_accepted] = result.next_token_ids
-    num_emitted = num_accepted + 1
-    offsets = torch.arange(num_drafts + 1, device=device)
-    write = offsets[None, :] < num_emitted[:, None]
-    slot = rows[:, None].expand(-1, num_drafts + 1)[write]
+    write = offsets[None, :] < num_emitted[:, None]  # [R, width]
+    slot = rows[:, None].expand(-1, width)[write]
     pos = (state.num_tokens[rows][:, None] + offsets[None, :])[write]
     state.token_ids[slot, pos] = emitted_t[write]
     state.num_tokens[rows] += num_emitted
 
-    emitted = [emitted_t[j, : int(num_emitted[j])].tolist() for j in range(num_rows)]
-    verified, accepted = n_verify.tolist(), num_accepted.tolist()
+    counts = num_emitted.tolist()
+    emitted = [row[:n] for row, n in zip(emitted_t.tolist(), counts)]
+    verified, accepted = n_verify.tolist(), [n - 1 for n in counts]
     confs = None
     if proposal.confidence_logits is not None:
         conf_rows = proposal.confidence_logits.tolist()
         confs = [conf_rows[j][: verified[j]] for j in range(num_rows)]
+    elif num_drafts == 0 and state.has_confidences:
+        confs = [[] for _ in range(num_rows)]  # a step without drafts: nothing verified, nothing to calibrate
     return emitted, verified, accepted, confs
+
+
+def hold_back(drafter: Drafter, state: BatchState, rows: Tensor, token_ids: Tensor, features: Tensor) -> None:
+    """Park one committed position per row ([R] tokens, [R, F] features) for the drafter; a slot whose buffer
+    is full first hands everything pending over."""
+    pending = state.pending
+    if pending is None:
+        num_slots = state.token_ids.shape[0]
+        pending = state.pending = PendingObservations.allocate(num_slots, features.shape[-1], features.dtype,
+                                                                features.device)
+    if bool((pending.count[rows] >= MAX_PENDING).any()):
+        hand_over_pending(drafter, state, rows)
+    pos = pending.count[rows]
+    pending.token_ids[rows, pos] = token_ids
+    pending.features[rows, pos] = features
+    pending.count[rows] += 1
+
+
+def hand_over_pending(drafter: Drafter, state: BatchState, rows: Tensor) -> None:
+    """`observe` every position held back for slots `rows`, in one batched call."""
+    pending = state.pending
+    if pending is None:
+        return
+    counts = pending.count[rows]
+    has = counts > 0
+    if not bool(has.any()):
+        return
+    rows, counts = rows[has], counts[has]
+    width = int(counts.max())
+    drafter.observe(state.draft_state, rows, pending.token_ids[rows, :width], pending.features[rows, :width], counts)
+    pending.count[rows] = 0
+
+
+def _accepts_logits_at(target) -> bool:
+    """Whether `target.forward` takes `logits_at` (a `TargetModel` does; a test double may not)."""
+    try:
+        return "logits_at" in inspect.signature(target.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def emit(output: list[int], tokens: list[int], max_new_tokens: int, stop_token_ids: Sequence[int]) -> str | None:

@@ -3,6 +3,12 @@
 Target and drafters alike keep many requests' caches side by side. Rejected positions need no
 copying: a lower length masks them out of the next attention and the slot overwrites them when it
 grows again.
+
+A forward over slots `rows` needs each layer's keys/values as one [R, kv_heads, past + new, head_dim]
+tensor. When `rows` is a contiguous ascending range (an engine whose slots are all busy) that tensor is
+a *view* of the slots: the new positions are written at [past, past + new), past every row's own
+length (so over nothing it holds), and `append` then moves them behind each row's length. Any other
+`rows` costs one gather copy (`attention_buffers`).
 """
 
 from __future__ import annotations
@@ -43,6 +49,22 @@ class KVSlots:
         """Per layer (k, v) [R, kv_heads, length, head_dim] of slots `rows`, cut to `length`."""
         return [(k[rows, :, :length], v[rows, :, :length]) for k, v in zip(self.keys, self.values)]
 
+    def attention_buffers(self, rows: Tensor, past: int, total: int) -> list[tuple[Tensor, Tensor]]:
+        """Per layer (k, v) [R, kv_heads, total, head_dim]: positions < `past` hold slots `rows` (garbage past
+        each row's length), positions past … total − 1 are scratch for the new ones. Views of the slots when
+        `rows` is a contiguous ascending range and `total` fits the capacity; otherwise a gathered copy."""
+        span = row_span(rows)
+        if span is not None and total <= self.capacity:
+            return [(k[span, :, :total], v[span, :, :total]) for k, v in zip(self.keys, self.values)]
+        out = []
+        for k, v in zip(self.keys, self.values):
+            kb = k.new_empty((len(rows), k.shape[1], total, k.shape[3]))
+            vb = v.new_empty((len(rows), v.shape[1], total, v.shape[3]))
+            kb[:, :, :past] = k[rows, :, :past]
+            vb[:, :, :past] = v[rows, :, :past]
+            out.append((kb, vb))
+        return out
+
     def valid_mask(self, rows: Tensor, length: int) -> Tensor:
         """[R, length] bool: which gathered positions each row really holds."""
         return torch.arange(length, device=self.lengths.device)[None, :] < self.lengths[rows][:, None]
@@ -67,3 +89,14 @@ class KVSlots:
         if bool((lengths > self.lengths[rows]).any()):
             raise ValueError("rollback cannot grow a slot")
         self.lengths[rows] = lengths
+
+
+def row_span(rows: Tensor) -> slice | None:
+    """`rows` as a slice if it is a contiguous ascending range of slot indices (indexing then gives views)."""
+    n = rows.numel()
+    if n == 0:
+        return None
+    first, last = int(rows[0]), int(rows[-1])
+    if last - first != n - 1 or (n > 2 and not bool((rows[1:] - rows[:-1] == 1).all())):
+        return None
+    return slice(first, first + n)

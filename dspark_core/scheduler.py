@@ -22,6 +22,11 @@ keeps the rule as follows:
   past information, hence a constant for this step's drafts: the causal barrier. The step then verifies
   the top-K candidates by current survival; whether (r, j) is in the top K depends only on candidates
   ranked before it (as above), so each request's set is a prefix decided without looking at x_j.
+- `CostAwareScheduler` (the in-house engine): how many tokens to draft (0: no draft forward at all) is
+  planned from the acceptance of *earlier* steps and a measured step-cost table, and asked for before the
+  draft forward runs (`draft_length`), so this step's drafts cannot influence it. The verify width is then
+  chosen layer by layer (position j of every request at once) with Algorithm 1's early stop: layer j is
+  admitted from the survivals of positions ≤ j, and a_{r,j} depends on request r's x_1 … x_{j−1} only.
 
 Survival is computed with the STS temperatures (a [γ] tensor) or an `OnlineCalibrator` (its current
 temperatures, via `calibrate`), never both; temperatures fitted on past cycles are past information.
@@ -43,6 +48,7 @@ from torch import Tensor
 
 from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.sps import SPSTable
+from dspark_core.step_costs import StepCostTable
 
 
 class Calibrator(Protocol):
@@ -268,3 +274,139 @@ class AsyncBudgetScheduler(PrefixScheduler):
             budget = planned if self.initial_budget is None else self.initial_budget
         self._planned.append(planned)
         return budget
+
+
+# --------------------------------------------------------------------------- drafting only when it pays
+
+
+class CostAwareScheduler(_Calibrated):
+    """Drafts only when drafting pays for itself, on the engine's measured step costs.
+
+    A step over R requests that drafts g tokens each and verifies a [R, W] block costs
+    `costs.draft_seconds(R, g) + costs.verify_seconds(R, W)` (the in-house engine pads the verify block to
+    its longest row, so W = 1 + the longest verify length, not R + K, sets the price; g = 0 skips the draft
+    forward and is a plain decoding step).
+
+    Plan (`draft_length`, asked before the draft forward): from the outcomes of earlier steps
+    (`observe_outcomes`: drafts verified and accepted per request) it keeps, per draft position j, how
+    often verification reached j (all drafts before it accepted) and how often j was then accepted; the
+    counts decay by 1 − 1/`window` every step, drafted or not, so old evidence fades. With the acceptance
+    rate q_j = (accepted + ½) / (reached + 1), drafting g tokens and verifying them all is expected to emit
+    R·(1 + Σ_{j≤g} Π_{i≤j} q_i) tokens in draft_seconds(R, g) + verify_seconds(R, g + 1); g = 0 is plain
+    decoding, R tokens in verify_seconds(R, 1). The plan is the g of highest expected tokens per second,
+    ties to the smaller g, and drafting must beat plain decoding by `margin` (a fraction): the largest of
+    several noisy estimates is optimistic, and near break-even a wrong "draft" costs more than a wrong
+    "plain". Realised acceptance, not confidences, drives the plan: it needs no calibration and works for
+    drafters without a confidence head.
+    Exploration: estimates of positions that are not drafted never move, so on the first step and every
+    `explore_every` steps the plan is made with optimistic rates (accepted + 1) / (reached + 1), as if the
+    next trial succeeded. Where drafting could not pay even if every draft were accepted (a large batch)
+    that still plans no draft, so exploring costs nothing there; after a long stretch without drafts the
+    decayed counts make the optimistic plan try again.
+
+    Fill (`__call__`, after the drafts): every drafted token is verified (the plan already sized the draft
+    to what pays), unless `early_stop`: then, the draft forward being paid, position layers j = 1 … g are
+    admitted in order while Θ_w = (R + Σ_r Σ_{j≤w} a_{r,j}) / (draft_seconds(R, g) + verify_seconds(R, w + 1))
+    does not drop (Algorithm 1's early stop, per layer; a_{r,j} the calibrated survival), and every request
+    verifies w (in a padded block the shorter rows' extra positions cost nothing). That uses this step's
+    confidences, so it only helps where they are calibrated; on the embedded default they underestimate
+    acceptance and cutting on them loses tokens, hence off by default.
+
+    Losslessness: the plan is a function of the step counter, R, the cost table and outcomes of earlier
+    steps, all fixed before this step's drafts are sampled (the causal barrier of `AsyncBudgetScheduler`'s
+    two-step-old budget). With `early_stop` the fill admits layer j from the survivals of positions ≤ j
+    of every request; request r's a_{r,j} depends on its own x_1 … x_{j−1}, and the other requests'
+    drafts are independent of r's, so whether x_{r,j} is verified never depends on x_{r,j} or later.
+    This step's outcomes reach the estimates only after its verification, for later plans.
+    """
+
+    def __init__(
+        self,
+        costs: StepCostTable,
+        temperatures: Tensor | None = None,
+        calibrator: Calibrator | None = None,
+        window: float = 64.0,
+        explore_every: int = 16,
+        margin: float = 0.05,
+        early_stop: bool = False,
+    ) -> None:
+        super().__init__(temperatures, calibrator)
+        if window < 1 or explore_every < 1 or margin < 0:
+            raise ValueError(
+                f"need window >= 1, explore_every >= 1, margin >= 0, got {window}, {explore_every}, {margin}"
+            )
+        self.costs, self.window, self.explore_every = costs, float(window), explore_every
+        self.margin, self.early_stop = margin, early_stop
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the estimates (between independent runs)."""
+        self.trials: list[float] = []  # [j] decayed count of verifications that reached draft position j + 1
+        self.accepts: list[float] = []  # [j] … of which accepted it
+        self.num_plans = 0
+
+    def acceptance_rates(self, num_drafts: int, optimistic: bool = False) -> list[float]:
+        """q_j, j = 1 … num_drafts: P(draft j accepted | drafts 1 … j−1 accepted); prior ½ of weight 1, or
+        with `optimistic` as if the next trial were accepted (1 where nothing was observed)."""
+        prior = 1.0 if optimistic else 0.5
+        return [(self.accepts[j] + prior) / (self.trials[j] + 1.0) if j < len(self.trials) else prior
+                for j in range(num_drafts)]
+
+    def expected_throughput(self, num_rows: int, num_drafts: int, optimistic: bool = False) -> list[float]:
+        """Planned tokens per second for drafting g = 0 … num_drafts tokens and verifying them all."""
+        verify, draft = self.costs.curves(num_rows, num_drafts)
+        out, gain, survive = [], 0.0, 1.0
+        for g, q in enumerate([1.0] + self.acceptance_rates(num_drafts, optimistic)):
+            if g > 0:
+                survive *= q
+                gain += survive
+            out.append(num_rows * (1.0 + gain) / (draft[g] + verify[g + 1]))
+        return out
+
+    def draft_length(self, step: DraftStep) -> int:
+        gamma, num_rows = step.num_drafts, len(step.rows)
+        explore = self.num_plans % self.explore_every == 0
+        g = 0
+        if num_rows > 0 and gamma > 0:
+            theta = self.expected_throughput(num_rows, gamma, optimistic=explore)
+            g = max(range(1, gamma + 1), key=lambda i: (theta[i], -i))
+            if theta[g] <= theta[0] * (1.0 if explore else 1.0 + self.margin):
+                g = 0
+        keep = 1.0 - 1.0 / self.window  # one step older, drafted or not
+        self.trials = [keep * n for n in self.trials]
+        self.accepts = [keep * a for a in self.accepts]
+        self.num_plans += 1
+        return g
+
+    def observe_outcomes(self, num_verified: Tensor, num_accepted: Tensor) -> None:
+        """Add one step's outcomes ([R] drafts verified, [R] accepted) to the per-position counts."""
+        longest = int(num_verified.max()) if num_verified.numel() else 0
+        if longest == 0:
+            return
+        while len(self.trials) < longest:
+            self.trials.append(0.0)
+            self.accepts.append(0.0)
+        positions = torch.arange(longest, device=num_verified.device)[:, None]  # [γ', 1]: position j − 1
+        reached = (num_verified[None, :] > positions) & (num_accepted[None, :] >= positions)  # [γ', R]
+        accepted = num_accepted[None, :] > positions
+        for j, (n, a) in enumerate(zip(reached.sum(1).tolist(), (reached & accepted).sum(1).tolist())):
+            self.trials[j] += n
+            self.accepts[j] += a
+
+    def __call__(self, proposal: DraftProposal, step: DraftStep) -> Tensor:
+        num_rows, g = proposal.token_ids.shape
+        if num_rows == 0 or g == 0 or not self.early_stop or proposal.confidence_logits is None:
+            drafted = torch.full((num_rows,), g, dtype=torch.long, device=proposal.token_ids.device)
+            return drafted if proposal.num_valid is None else torch.minimum(drafted, proposal.num_valid)
+        a = self.survival(proposal)  # [R, g]
+        verify, draft = self.costs.curves(num_rows, g)
+        layer_gain = a.sum(dim=0)  # [g] expected accepted drafts of position layer j
+        tau = torch.cat([layer_gain.new_zeros(1), layer_gain.cumsum(0)]) + num_rows  # [g + 1]
+        seconds = torch.tensor([draft[g] + verify[w + 1] for w in range(g + 1)], dtype=torch.float64)
+        width = self.admitted_layers(tau / seconds.to(tau.device), layer_gain)
+        lengths = torch.full((num_rows,), int(width), dtype=torch.long, device=a.device)
+        return lengths if proposal.num_valid is None else torch.minimum(lengths, proposal.num_valid)
+
+    def admitted_layers(self, theta: Tensor, layer_gain: Tensor) -> Tensor:
+        """How many position layers to verify, from Θ_0 … Θ_g (Algorithm 1's early stop, per layer)."""
+        return first_drop(theta, layer_gain)

@@ -17,6 +17,10 @@ Lookup rule (ceiling): SPS(B) is the value measured at the smallest measured bat
 A table carries the fingerprint of what it was measured on (device name, dtype, target id, context
 length): a table is only valid for that combination. JSON files hold any number of tables, one per
 fingerprint; `load_sps_table` picks the one that matches exactly or says which fields differ.
+
+The same JSON files also hold step-cost tables (`dspark_core.step_costs.StepCostTable`, the companion for
+engines whose step runs the draft forward too) under "step_costs": format version 2; version-1 files, which
+have none, still load, and a file without step costs is still written as version 1.
 """
 
 from __future__ import annotations
@@ -33,13 +37,17 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
+if TYPE_CHECKING:
+    from dspark_core.step_costs import StepCostTable
+
 SPS_FORMAT = "dspark-sps-tables"
-SPS_FORMAT_VERSION = 1
+SPS_FORMAT_VERSION = 2  # 2 added the optional "step_costs" list; version 1 files read unchanged
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -233,61 +241,97 @@ def read_sps_csv(path: str | Path, fingerprint: SPSFingerprint | Mapping[str, An
 
 def load_sps_tables(path: str | Path) -> list[SPSTable]:
     """Every table in an SPS file (validated)."""
+    return _read_store(path)[0]
+
+
+def load_step_cost_tables(path: str | Path) -> list["StepCostTable"]:
+    """Every step-cost table in an SPS file (none in a version-1 file)."""
+    return _read_store(path)[1]
+
+
+def _read_store(path: str | Path) -> tuple[list[SPSTable], list["StepCostTable"]]:
+    from dspark_core.step_costs import StepCostTable  # its own module; it imports this one
+
     try:
         data = json.loads(Path(path).read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict) or data.get("format") != SPS_FORMAT:
         raise ValueError(f"{path}: not an SPS file (expected \"format\": \"{SPS_FORMAT}\")")
-    _reject_unknown(data, ["format", "version", "tables"], f"{path}")
-    if data.get("version") != SPS_FORMAT_VERSION:
-        raise ValueError(f"{path}: SPS format version {data.get('version')!r}; this code reads {SPS_FORMAT_VERSION}")
-    if not isinstance(data.get("tables"), list):
-        raise ValueError(f"{path}: \"tables\" must be a list")
-    tables = []
-    for i, entry in enumerate(data["tables"]):
-        try:
-            tables.append(SPSTable.from_dict(entry))
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{path}: table {i}: {e}") from None
-    fps = [t.fingerprint for t in tables]
-    if None in fps:
-        raise ValueError(f"{path}: every stored table needs a fingerprint")
-    if len(set(fps)) != len(fps):
-        raise ValueError(f"{path}: two tables share one fingerprint")
-    return tables
+    _reject_unknown(data, ["format", "version", "tables", "step_costs"], f"{path}")
+    if data.get("version") not in READABLE_VERSIONS:
+        raise ValueError(
+            f"{path}: SPS format version {data.get('version')!r}; this code reads {list(READABLE_VERSIONS)}"
+        )
+    if data["version"] == 1 and "step_costs" in data:
+        raise ValueError(f"{path}: \"step_costs\" needs format version 2")
+    if not isinstance(data.get("tables"), list) or not isinstance(data.get("step_costs", []), list):
+        raise ValueError(f"{path}: \"tables\" (and \"step_costs\") must be lists")
+    stores = []
+    for key, kind in (("tables", SPSTable), ("step_costs", StepCostTable)):
+        entries = []
+        for i, entry in enumerate(data.get(key, [])):
+            try:
+                entries.append(kind.from_dict(entry))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"{path}: {'table' if key == 'tables' else 'step_costs'} {i}: {e}") from None
+        fps = [t.fingerprint for t in entries]
+        if None in fps:
+            raise ValueError(f"{path}: every stored table needs a fingerprint")
+        if len(set(fps)) != len(fps):
+            raise ValueError(f"{path}: two {'tables' if key == 'tables' else 'step_costs'} share one fingerprint")
+        stores.append(entries)
+    return stores[0], stores[1]
 
 
 def load_sps_table(path: str | Path, fingerprint: SPSFingerprint | Mapping[str, Any]) -> SPSTable:
     """The table measured for exactly this fingerprint; the error names the closest one and what differs."""
+    return _pick(path, load_sps_tables(path), fingerprint, "SPS table", "profile_sps")
+
+
+def load_step_cost_table(path: str | Path, fingerprint: SPSFingerprint | Mapping[str, Any]) -> "StepCostTable":
+    """The step-cost table measured for exactly this fingerprint (errors as `load_sps_table`)."""
+    return _pick(path, load_step_cost_tables(path), fingerprint, "step-cost table", "profile_step_costs")
+
+
+def _pick(path, tables: list, fingerprint, what: str, how: str):
     wanted = SPSFingerprint.coerce(fingerprint)
-    tables = load_sps_tables(path)
     for table in tables:
         if table.fingerprint == wanted:
             return table
     if not tables:
-        raise LookupError(f"{path}: holds no SPS tables")
+        raise LookupError(f"{path}: holds no {what}s")
     want = wanted.to_dict()
 
-    def diff(t: SPSTable) -> dict[str, Any]:
-        have = t.fingerprint.to_dict()  # type: ignore[union-attr]
+    def diff(t) -> dict[str, Any]:
+        have = t.fingerprint.to_dict()
         return {k: have[k] for k in want if have[k] != want[k]}
 
     closest = min(tables, key=lambda t: len(diff(t)))
     raise LookupError(
-        f"{path}: no SPS table for {want}; closest differs in {diff(closest)} "
-        f"({len(tables)} stored; measure this setting with profile_sps)"
+        f"{path}: no {what} for {want}; closest differs in {diff(closest)} "
+        f"({len(tables)} stored; measure this setting with {how})"
     )
 
 
-def save_sps_table(path: str | Path, table: SPSTable) -> None:
-    """Add `table` to the file (created if absent), replacing a stored table with the same fingerprint."""
+def save_sps_table(path: str | Path, table: "SPSTable | StepCostTable") -> None:
+    """Add `table` (an SPS or a step-cost table) to the file (created if absent), replacing a stored table of
+    the same kind with the same fingerprint; the other kind is kept as it is."""
+    from dspark_core.step_costs import StepCostTable
+
     if table.fingerprint is None:
         raise ValueError("only a table with a fingerprint can be stored")
     path = Path(path)
-    tables = [t for t in load_sps_tables(path) if t.fingerprint != table.fingerprint] if path.exists() else []
-    tables.append(table)
-    doc = {"format": SPS_FORMAT, "version": SPS_FORMAT_VERSION, "tables": [t.to_dict() for t in tables]}
+    tables, step_costs = _read_store(path) if path.exists() else ([], [])
+    if isinstance(table, StepCostTable):
+        step_costs = [t for t in step_costs if t.fingerprint != table.fingerprint] + [table]
+    else:
+        tables = [t for t in tables if t.fingerprint != table.fingerprint] + [table]
+    doc: dict[str, Any] = {"format": SPS_FORMAT, "version": SPS_FORMAT_VERSION, "tables": [t.to_dict() for t in tables]}
+    if step_costs:
+        doc["step_costs"] = [t.to_dict() for t in step_costs]
+    else:
+        doc["version"] = 1  # nothing a version-1 reader cannot read
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, path)  # a reader never sees half a file

@@ -6,8 +6,14 @@ input features), and a cache that can be cut back to the accepted length after e
 here is a slot tensor per layer (`[num_slots, kv_heads, capacity, head_dim]`) plus a length per
 slot, so rollback is just lowering a length: rejected positions are masked out on the next forward
 and overwritten when the slot grows again. A forward over a subset of slots hands Hugging Face a
-`DynamicCache` cut to the longest slot and a 2-D attention mask that hides each slot's unused tail;
-the new keys/values are scattered back behind each slot's own length.
+cache cut to the longest slot and an attention mask that hides each slot's unused tail; the new
+keys/values are moved back behind each slot's own length.
+
+The cache handed over (transformers ≥ 4.56, which has cache layers) is a `DynamicCache` whose layers
+write the new keys/values straight into `KVSlots.attention_buffers`: views of the slots when the rows
+are a contiguous range, so a decode step copies no cached keys/values at all (the older path gathered
+every slot and then concatenated the new positions, two full copies per layer and step). With SDPA
+attention the 4-D boolean mask is built here, once, rather than by Hugging Face from a 2-D one.
 """
 
 from __future__ import annotations
@@ -21,6 +27,11 @@ import torch
 from torch import Tensor, nn
 
 from dspark_core.kv_slots import KVSlots
+
+try:  # transformers >= 4.56: caches are lists of layers
+    from transformers.cache_utils import DynamicLayer as _DynamicLayer
+except ImportError:  # pragma: no cover - older transformers: the gather-and-concatenate path below
+    _DynamicLayer = None
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int = 5) -> tuple[int, ...]:
@@ -61,6 +72,8 @@ class TargetModel:
         params = inspect.signature(model.forward).parameters
         # transformers 5 renamed `past_key_values` to `cache`; accept both generations.
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._has_logits_to_keep = "logits_to_keep" in params
+        self._first_param = next(model.parameters())
 
     @classmethod
     def from_pretrained(
@@ -91,11 +104,11 @@ class TargetModel:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self._first_param.device  # `module.to()` keeps Parameter objects, so this follows the model
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+        return self._first_param.dtype
 
     def input_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
@@ -109,42 +122,101 @@ class TargetModel:
         )
 
     @torch.no_grad()
-    def forward(self, cache: KVSlots, rows: Tensor, token_ids: Tensor, num_new: Tensor) -> TargetOutput:
+    def forward(
+        self, cache: KVSlots, rows: Tensor, token_ids: Tensor, num_new: Tensor, *, logits_at: Tensor | None = None
+    ) -> TargetOutput:
         """Run `token_ids` ([num_rows, max_new], right-padded, `num_new` valid each) after slots `rows`.
 
         Appends the valid new positions to each slot. Logits and features of padded positions are
-        garbage and must be ignored by the caller.
+        garbage and must be ignored by the caller. `logits_at` ([num_rows, k] positions in 0 … max_new − 1)
+        computes logits only there (a prefill needs one per prompt, not one per prompt token): the
+        returned logits are then [num_rows, k, vocab]. Features always cover every position.
         """
-        from transformers import DynamicCache
-
         num_rows, max_new = token_ids.shape
         past_lengths = cache.lengths[rows]  # [num_rows]
         cache.check_room(rows, num_new)
         max_past = int(past_lengths.max()) if num_rows else 0
-        hf_cache = DynamicCache()
-        if max_past > 0:
-            for layer, (k, v) in enumerate(cache.gather(rows, max_past)):
-                hf_cache.update(k, v, layer)
-        arange_new = torch.arange(max_new, device=self.device)
-        past_valid = cache.valid_mask(rows, max_past)
-        new_valid = arange_new[None, :] < num_new[:, None]
-        attention_mask = torch.cat([past_valid, new_valid], dim=1).long()
+        arange_new = torch.arange(max_new, device=token_ids.device)
         position_ids = past_lengths[:, None] + arange_new[None, :]
+        buffers = cache.attention_buffers(rows, max_past, max_past + max_new) if _DynamicLayer is not None else None
+        hf_cache = self._hf_cache(cache, rows, max_past, buffers)
+        kwargs = {}
+        keep = inverse = None
+        if logits_at is not None and self._has_logits_to_keep:
+            keep, inverse = torch.unique(logits_at, return_inverse=True)  # [U] positions, [num_rows, k] → U
+            kwargs["logits_to_keep"] = keep
         out = self.model(
             input_ids=token_ids,
-            attention_mask=attention_mask,
+            attention_mask=self._attention_mask(cache, rows, max_past, num_new, max_new),
             position_ids=position_ids,
             use_cache=True,
             output_hidden_states=bool(self.layer_ids),
             **{self._cache_kwarg: hf_cache},
+            **kwargs,
         )
-        new_kv = [(k[:, :, max_past:], v[:, :, max_past:]) for k, v in _cache_layers(hf_cache)]
+        if buffers is not None:
+            new_kv = [(k[:, :, max_past:], v[:, :, max_past:]) for k, v in buffers]
+        else:
+            new_kv = [(k[:, :, max_past:], v[:, :, max_past:]) for k, v in _cache_layers(hf_cache)]
         cache.append(rows, new_kv, num_new)
         if self.layer_ids:
             features = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
         else:
             features = token_ids.new_zeros((num_rows, max_new, 0), dtype=self.dtype)
-        return TargetOutput(logits=out.logits.float(), features=features)
+        logits = out.logits.float()
+        if logits_at is not None:
+            if keep is not None:
+                logits = logits[torch.arange(num_rows, device=logits.device)[:, None], inverse]
+            else:
+                logits = logits[torch.arange(num_rows, device=logits.device)[:, None], logits_at]
+        return TargetOutput(logits=logits, features=features)
+
+    def _hf_cache(self, cache: KVSlots, rows: Tensor, max_past: int, buffers):
+        from transformers import DynamicCache
+
+        hf_cache = DynamicCache()
+        if buffers is not None:
+            hf_cache.layers = [_SlotLayer(k, v, max_past) for k, v in buffers]
+        elif max_past > 0:
+            for layer, (k, v) in enumerate(cache.gather(rows, max_past)):
+                hf_cache.update(k, v, layer)
+        return hf_cache
+
+    def _attention_mask(self, cache: KVSlots, rows: Tensor, max_past: int, num_new: Tensor, max_new: int) -> Tensor:
+        """Which positions each new token attends to. SDPA: the final [R, 1, max_new, max_past + max_new] boolean
+        mask (each row's own cached positions, then causal over its valid new ones), which Hugging Face passes
+        through as is; other attention implementations: the 2-D padding mask they expand themselves."""
+        past_valid = cache.valid_mask(rows, max_past)  # [R, max_past]
+        arange_new = torch.arange(max_new, device=num_new.device)
+        new_valid = arange_new[None, :] < num_new[:, None]  # [R, max_new]
+        if getattr(self.config, "_attn_implementation", None) != "sdpa":
+            return torch.cat([past_valid, new_valid], dim=1).long()
+        causal = arange_new[None, :] <= arange_new[:, None]  # [max_new (query), max_new (key)]
+        new_part = causal[None, :, :] & new_valid[:, None, :]  # [R, max_new, max_new]
+        past_part = past_valid[:, None, :].expand(-1, max_new, -1)  # [R, max_new, max_past]
+        return torch.cat([past_part, new_part], dim=2)[:, None]
+
+
+if _DynamicLayer is not None:
+
+    class _SlotLayer(_DynamicLayer):
+        """A Hugging Face cache layer over one layer's `KVSlots.attention_buffers` (k, v) [R, kv_heads, total,
+        head_dim], holding `past` positions: `update` writes the new keys/values at [past, past + n) and
+        returns views up to there, so nothing is concatenated."""
+
+        def __init__(self, keys: Tensor, values: Tensor, past: int):
+            super().__init__()
+            self._key_buffer, self._value_buffer, self._past = keys, values, past
+            self.keys, self.values = keys[:, :, :past], values[:, :, :past]
+            self.device = keys.device
+            self.is_initialized = True
+
+        def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+            end = self._past + key_states.shape[-2]
+            self._key_buffer[:, :, self._past : end] = key_states
+            self._value_buffer[:, :, self._past : end] = value_states
+            self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+            return self.keys, self.values
 
 
 def _cache_layers(hf_cache) -> list[tuple[Tensor, Tensor]]:

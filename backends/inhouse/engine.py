@@ -5,11 +5,11 @@ their first token comes from the target, which is their TTFT), then runs one spe
 every active request: each drafts γ tokens (or fewer, or none, if the policy plans so before the
 draft forward), the policy picks each request's verify length, one batched target forward verifies
 all of them, accepted tokens and the bonus are committed and caches roll back to the accepted length.
-Free slots are handed out lowest first, so the active slots tend to stay one contiguous range (the
-target then reads its KV slots in place instead of gathering a copy). Finished requests free their slots at once, so waiting requests join
-as others finish. Nothing here changes what is sampled: the engine only decides *when* a request
-runs, and the loop's losslessness holds for every interleaving (each request draws only from its
-own generator).
+Finished requests free their slots at once, so waiting requests join as others finish. Free slots are
+handed out lowest first, so the active slots tend to stay one contiguous range (the target then reads
+its KV slots in place instead of gathering a copy). Nothing here changes what is sampled: the engine
+only decides *when* a request runs, and the loop's losslessness holds for every interleaving (each
+request draws only from its own generator).
 """
 
 from __future__ import annotations

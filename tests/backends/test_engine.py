@@ -127,3 +127,71 @@ def test_online_calibrator_sees_every_verified_step(qwen3_target, prompts):
     done = engine.run_to_completion(_requests(prompts, 1.0))
     assert calibrator.num_seen == sum(c.counters.num_steps for c in done)
     assert calibrator.num_fits >= 1
+
+
+def _pays_when_idle(alternate: bool = False):
+    """Step costs where drafting pays for one request and, even if every draft were accepted, not for three.
+    With `alternate`, a test double of the policy that drafts on every other step whatever the costs."""
+    from dspark_core.scheduler import CostAwareScheduler
+    from dspark_core.step_costs import StepCostTable
+
+    costs = StepCostTable((1, 3), (1, 2, 3, 4), ((1.0, 1.1, 1.2, 1.3), (2.0, 3.5, 5.0, 6.5)), (1, 2, 3),
+                          ((0.1, 0.1, 0.1), (4.0, 4.0, 4.0)))
+
+    class Alternating(CostAwareScheduler):
+        def draft_length(self, step):
+            super().draft_length(step)
+            return step.num_drafts if self.num_plans % 2 == 1 else 0
+
+    return (Alternating if alternate else CostAwareScheduler)(costs)
+
+
+def test_skipping_the_draft_forward_keeps_greedy_outputs_exact(qwen3_target, prompts):
+    """Steps with and without the draft forward alternate; every request's greedy tokens still equal plain
+    decoding, every step records what it drafted, and only drafted steps reach the calibrator."""
+    from dspark_core.calibration import OnlineCalibrator
+
+    calibrator = OnlineCalibrator(gamma=3, window=256, refit_every=8, min_cycles=8)
+    engine = Engine(qwen3_target, _dspark(qwen3_target), EngineConfig(num_slots=3, max_context=64, num_drafts=3),
+                    _pays_when_idle(alternate=True), calibrator=calibrator)
+    done = {c.request.request_id: c for c in engine.run_to_completion(_requests(prompts, 0.0))}
+    plain = Engine(qwen3_target, NoDrafter(), EngineConfig(num_slots=3, max_context=64))
+    for c in plain.run_to_completion(_requests(prompts, 0.0)):
+        assert done[c.request.request_id].output_ids == c.output_ids, c.request.request_id
+    lengths = [s.draft_length for s in engine.steps if s.batch_size]
+    assert 0 in lengths and 3 in lengths, f"draft lengths {lengths}: no mix of skipped and drafted steps"
+    assert all(s.verified_tokens == s.batch_size for s in engine.steps if s.draft_length == 0)
+    drafted_cycles = sum(s.batch_size for s in engine.steps if s.draft_length > 0)
+    assert calibrator.num_seen == drafted_cycles  # steps without drafts teach the calibrator nothing
+    for c in done.values():
+        assert len(c.counters.confidence_logits) == c.counters.num_steps
+
+
+def test_cost_aware_policy_drafts_only_for_a_small_batch(qwen3_target, prompts):
+    """Three busy slots: drafting cannot pay even if every draft were accepted, so no draft forward runs;
+    once the engine drains to one request, the (optimistic) plan tries drafting."""
+    engine = Engine(qwen3_target, _dspark(qwen3_target), EngineConfig(num_slots=3, max_context=64, num_drafts=3),
+                    _pays_when_idle())
+    done = engine.run_to_completion(_requests(prompts, 0.0))
+    assert all(s.draft_length == 0 for s in engine.steps if s.batch_size == 3)
+    assert any(s.draft_length > 0 for s in engine.steps if s.batch_size == 1)
+    plain = {c.request.request_id: c.output_ids for c in
+             Engine(qwen3_target, NoDrafter(), EngineConfig(num_slots=3, max_context=64)).run_to_completion(
+                 _requests(prompts, 0.0))}
+    assert all(c.output_ids == plain[c.request.request_id] for c in done)
+
+
+def test_active_slots_stay_contiguous(qwen3_target, prompts, monkeypatch):
+    """The lowest free slot is used first: when every slot is busy the rows are 0 … n − 1, and as the engine
+    drains they stay the lowest slots in use (so the target reads KV slots in place more often)."""
+    import backends.inhouse.engine as engine_module
+
+    seen = []
+    real = engine_module.speculative_step
+    monkeypatch.setattr(engine_module, "speculative_step",
+                        lambda *a, **kw: seen.append(a[3].tolist()) or real(*a, **kw))
+    engine = Engine(qwen3_target, NoDrafter(), EngineConfig(num_slots=4, max_context=64))
+    engine.run_to_completion(_requests(prompts, 0.0))
+    full = [rows for rows in seen if len(rows) == 4]
+    assert full and all(rows == [0, 1, 2, 3] for rows in full)
+    assert len(seen) > len(full)

@@ -1,0 +1,92 @@
+"""`TargetModel.forward`'s fast paths give what the plain path gives.
+
+- Logits at chosen positions only (`logits_at`, what a prefill asks for) equal those positions of the full
+  logits.
+- KV slots read in place (contiguous rows), gathered (any other rows) or through the old concatenating
+  cache path (too little room behind the longest row) all give the same logits, features and slots.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import dspark_core.target as target_module
+from dspark_core.kv_slots import row_span
+from dspark_core.target import TargetModel
+
+
+def _tokens(seed: int, shape, vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_row_span():
+    assert row_span(torch.tensor([2, 3, 4])) == slice(2, 5)
+    assert row_span(torch.tensor([5])) == slice(5, 6)
+    assert row_span(torch.tensor([0, 2, 1])) is None and row_span(torch.tensor([0, 2])) is None
+    assert row_span(torch.tensor([], dtype=torch.long)) is None
+
+
+def test_logits_at_selected_positions(qwen3_target: TargetModel):
+    vocab = qwen3_target.vocab_size
+    lengths = torch.tensor([5, 2, 7])
+    token_ids = _tokens(0, (3, 7), vocab)
+    rows = torch.tensor([0, 1, 2])
+    full = qwen3_target.forward(qwen3_target.new_cache(3, 16), rows, token_ids, lengths)
+    last = (lengths - 1)[:, None]
+    cache = qwen3_target.new_cache(3, 16)
+    some = qwen3_target.forward(cache, rows, token_ids, lengths, logits_at=last)
+    assert some.logits.shape == (3, 1, vocab)
+    torch.testing.assert_close(some.logits[:, 0], full.logits[torch.arange(3), lengths - 1])
+    torch.testing.assert_close(some.features, full.features)
+    assert cache.lengths.tolist() == lengths.tolist()
+    two = qwen3_target.forward(qwen3_target.new_cache(3, 16), rows, token_ids, lengths,
+                               logits_at=torch.tensor([[0, 4], [1, 0], [6, 2]]))
+    torch.testing.assert_close(two.logits[2, 0], full.logits[2, 6])
+    torch.testing.assert_close(two.logits[1, 0], full.logits[1, 1])
+
+
+def _run(target: TargetModel, capacity: int, order: list[list[int]]):
+    """Prefill 4 slots, then verify-shaped chunks over the row subsets in `order`, with a rollback between."""
+    cache = target.new_cache(4, capacity)
+    outs = []
+    rows = torch.arange(4)
+    out = target.forward(cache, rows, _tokens(1, (4, 6), target.vocab_size), torch.tensor([6, 3, 5, 1]))
+    outs.append(out)
+    for i, subset in enumerate(order):
+        r = torch.tensor(subset)
+        num_new = torch.tensor([3, 1, 2, 3][: len(subset)])
+        outs.append(target.forward(cache, r, _tokens(2 + i, (len(subset), 3), target.vocab_size), num_new))
+        cache.rollback(r, cache.lengths[r] - 1)
+    return outs, cache
+
+
+@pytest.mark.parametrize("order", [[[0, 1, 2, 3], [1, 2]], [[3, 0, 2], [2, 0]]], ids=["contiguous", "gathered"])
+def test_in_place_gathered_and_concatenated_paths_agree(qwen3_target: TargetModel, monkeypatch, order):
+    fast, fast_cache = _run(qwen3_target, 20, order)
+    tight, tight_cache = _run(qwen3_target, 11, order)  # no room behind the longest row for a whole chunk
+    monkeypatch.setattr(target_module, "_DynamicLayer", None)  # the older gather-and-concatenate path
+    slow, slow_cache = _run(qwen3_target, 20, order)
+    for a, b, c in zip(fast, tight, slow):
+        torch.testing.assert_close(a.logits, c.logits)
+        torch.testing.assert_close(b.logits, c.logits)
+        torch.testing.assert_close(a.features, c.features)
+    assert fast_cache.lengths.tolist() == slow_cache.lengths.tolist() == tight_cache.lengths.tolist()
+    for k_fast, k_slow in zip(fast_cache.keys, slow_cache.keys):
+        for row, n in enumerate(slow_cache.lengths.tolist()):
+            torch.testing.assert_close(k_fast[row, :, :n], k_slow[row, :, :n])
+
+
+def test_eager_attention_gets_the_2d_mask(qwen3_target: TargetModel):
+    """Only SDPA receives the ready 4-D boolean mask; other implementations build their own from the 2-D one."""
+    model = copy.deepcopy(qwen3_target.model)
+    model.config._attn_implementation = "eager"
+    eager = TargetModel(model)
+    token_ids = _tokens(3, (2, 5), eager.vocab_size)
+    num_new = torch.tensor([5, 3])
+    a = eager.forward(eager.new_cache(2, 8), torch.tensor([0, 1]), token_ids, num_new)
+    b = qwen3_target.forward(qwen3_target.new_cache(2, 8), torch.tensor([0, 1]), token_ids, num_new)
+    for j, n in enumerate(num_new.tolist()):
+        torch.testing.assert_close(a.logits[j, :n], b.logits[j, :n], atol=1e-4, rtol=1e-4)
