@@ -74,21 +74,24 @@ def plan(cells: Sequence[Cell], repeats: int) -> list[tuple[Cell, int]]:
     return [(cell, repeat) for repeat in range(repeats) for cell in cells]
 
 
-def load_cells(suite_path: str | Path, only: Sequence[str] = ()):
-    """(suite, selected cells); RunError for anything wrong with the suite or the files it names."""
+def load_cells(suite_path: str | Path, only: Sequence[str] = (), check_files: bool = True):
+    """(suite, selected cells); RunError for anything wrong with the suite or, with `check_files`, the
+    model files and task data it names (a dry run checks neither: it plans for another machine)."""
     from harness.suite import SuiteError, check_paths, expand, load_suite, select
 
     try:
         suite = load_suite(suite_path)
         cells = select(expand(suite), list(only))
-        check_paths(suite, cells)
+        if check_files:
+            check_paths(suite, cells)
     except SuiteError as exc:
         raise RunError(str(exc)) from None
     except FileNotFoundError as exc:
         raise RunError(f"{suite_path}: {exc}") from None
     if not cells:
         raise RunError(f"{suite_path}: no cells to run" + (f" after --only {' '.join(only)}" if only else ""))
-    check_data(suite_path, cells)
+    if check_files:
+        check_data(suite_path, cells)
     return suite, cells
 
 
@@ -259,7 +262,7 @@ def dry_run(suite_path: str | Path, only: Sequence[str] = (), repeats: int | Non
     out = out if out is not None else sys.stdout
     from backends.base import SERVER_COMMANDS, BackendError, server_argv
 
-    suite, cells = load_cells(suite_path, only)
+    suite, cells = load_cells(suite_path, only, check_files=False)
     num_repeats = repeats if repeats is not None else suite.repeats
     print(f"suite {suite.name} ({suite.hash[:12]}): {len(cells)} cells × {num_repeats} repeats", file=out)
     servers: dict[str, list[str]] = {}

@@ -63,3 +63,16 @@ def llama_target():
     from dspark_core.target import TargetModel
 
     return TargetModel(tiny_llama())
+
+
+@pytest.fixture
+def data_env(monkeypatch):
+    """Task data from $HARNESS_DATA_DIR, else ../shared/datasets beside the repository; skip without either."""
+    import os
+    from pathlib import Path
+
+    if not os.environ.get("HARNESS_DATA_DIR"):
+        shared = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+        if not shared.is_dir():
+            pytest.skip("needs HARNESS_DATA_DIR (../shared/datasets)")
+        monkeypatch.setenv("HARNESS_DATA_DIR", str(shared))

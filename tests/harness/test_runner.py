@@ -52,13 +52,6 @@ def write_suite(tmp_path: Path, name="tiny.yaml", n=6, drafters="none, dspark", 
     return path
 
 
-@pytest.fixture
-def data_env(monkeypatch):
-    if not os.environ.get("HARNESS_DATA_DIR"):
-        shared = REPO.parent / "shared" / "datasets"
-        if not shared.is_dir():
-            pytest.skip("needs HARNESS_DATA_DIR (../shared/datasets)")
-        monkeypatch.setenv("HARNESS_DATA_DIR", str(shared))
 
 
 def test_run_records_every_cell_and_query_reads_them(tmp_path, data_env, capsys):

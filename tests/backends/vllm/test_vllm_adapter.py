@@ -21,13 +21,6 @@ FAKE = Path(__file__).resolve().parents[1] / "sglang" / "fake_engine_server.py" 
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture
-def data_env(monkeypatch):
-    if not os.environ.get("HARNESS_DATA_DIR"):
-        shared = REPO.parent / "shared" / "datasets"
-        if not shared.is_dir():
-            pytest.skip("needs HARNESS_DATA_DIR (../shared/datasets)")
-        monkeypatch.setenv("HARNESS_DATA_DIR", str(shared))
 
 
 def _port() -> int:

@@ -25,13 +25,6 @@ CI = REPO / "suites" / "ci.yaml"
 ONLY = ["task=gsm8k", "concurrency=4"]  # plain decoding and DSpark γ3: 2 cells of the CI suite
 
 
-@pytest.fixture
-def data_env(monkeypatch):
-    if not os.environ.get("HARNESS_DATA_DIR"):
-        shared = REPO.parent / "shared" / "datasets"
-        if not shared.is_dir():
-            pytest.skip("needs HARNESS_DATA_DIR (../shared/datasets)")
-        monkeypatch.setenv("HARNESS_DATA_DIR", str(shared))
 
 
 @pytest.fixture(scope="module")

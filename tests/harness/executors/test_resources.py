@@ -24,13 +24,6 @@ CI = REPO / "suites" / "ci.yaml"
 ONLY = ["task=gsm8k", "concurrency=4"]
 
 
-@pytest.fixture
-def data_env(monkeypatch):
-    if not os.environ.get("HARNESS_DATA_DIR"):
-        shared = REPO.parent / "shared" / "datasets"
-        if not shared.is_dir():
-            pytest.skip("needs HARNESS_DATA_DIR (../shared/datasets)")
-        monkeypatch.setenv("HARNESS_DATA_DIR", str(shared))
 
 
 def ci_with(tmp_path: Path, extra: str) -> Path:
