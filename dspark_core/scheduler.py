@@ -299,10 +299,11 @@ class CostAwareScheduler(_Calibrated):
     "plain". Realised acceptance, not confidences, drives the plan: it needs no calibration and works for
     drafters without a confidence head.
     Exploration: estimates of positions that are not drafted never move, so on the first step and every
-    `explore_every` steps the plan is made with optimistic rates (accepted + 1) / (reached + 1), as if the
-    next trial succeeded. Where drafting could not pay even if every draft were accepted (a large batch)
-    that still plans no draft, so exploring costs nothing there; after a long stretch without drafts the
-    decayed counts make the optimistic plan try again.
+    `explore_every` steps the plan is made with optimistic rates (accepted + o) / (reached + 1), o =
+    `optimism`: as if the next trial succeeded with a high but plausible acceptance (an unseen position
+    counts as o). Where drafting could not pay even then (a large batch), the optimistic plan still drafts
+    nothing, so exploring costs nothing there; after a long stretch without drafts the decayed counts make
+    it try again.
 
     Fill (`__call__`, after the drafts): every drafted token is verified (the plan already sized the draft
     to what pays), unless `early_stop`: then, the draft forward being paid, position layers j = 1 … g are
@@ -328,15 +329,15 @@ class CostAwareScheduler(_Calibrated):
         window: float = 64.0,
         explore_every: int = 16,
         margin: float = 0.05,
+        optimism: float = 0.9,
         early_stop: bool = False,
     ) -> None:
         super().__init__(temperatures, calibrator)
-        if window < 1 or explore_every < 1 or margin < 0:
-            raise ValueError(
-                f"need window >= 1, explore_every >= 1, margin >= 0, got {window}, {explore_every}, {margin}"
-            )
+        if window < 1 or explore_every < 1 or margin < 0 or not 0 < optimism <= 1:
+            raise ValueError(f"need window >= 1, explore_every >= 1, margin >= 0, 0 < optimism <= 1, got "
+                             f"{window}, {explore_every}, {margin}, {optimism}")
         self.costs, self.window, self.explore_every = costs, float(window), explore_every
-        self.margin, self.early_stop = margin, early_stop
+        self.margin, self.optimism, self.early_stop = margin, optimism, early_stop
         self.reset()
 
     def reset(self) -> None:
@@ -347,8 +348,8 @@ class CostAwareScheduler(_Calibrated):
 
     def acceptance_rates(self, num_drafts: int, optimistic: bool = False) -> list[float]:
         """q_j, j = 1 … num_drafts: P(draft j accepted | drafts 1 … j−1 accepted); prior ½ of weight 1, or
-        with `optimistic` as if the next trial were accepted (1 where nothing was observed)."""
-        prior = 1.0 if optimistic else 0.5
+        with `optimistic` prior `optimism` (as if the next trial succeeded with that probability)."""
+        prior = self.optimism if optimistic else 0.5
         return [(self.accepts[j] + prior) / (self.trials[j] + 1.0) if j < len(self.trials) else prior
                 for j in range(num_drafts)]
 
