@@ -72,6 +72,23 @@ def get_backend(name: str, **options) -> Backend:
     return backend_class(name)(**options)
 
 
+def option_flags(options: dict, skip=()) -> list[str]:
+    """A suite's server options as flags, sorted by name: `key: v` → `--key v`, `True` → a bare flag,
+    a list → the flag then its values, `False`/None → left out; keys in `skip` are the adapter's own."""
+    flags: list[str] = []
+    for key, value in sorted(options.items()):
+        if key in skip:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif isinstance(value, list):
+            flags += [flag, *[str(v) for v in value]]
+        elif value is not False and value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
 def server_argv(cell: Cell, options: dict | None = None) -> list[str] | None:
     """The server argv a cell of a server backend would launch; None for in-process backends."""
     if cell.backend not in SERVER_COMMANDS:

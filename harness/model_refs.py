@@ -110,3 +110,15 @@ def _file_hash(path: Path, size: int) -> str:
             f.seek(size - _EDGE)
             digest.update(f.read(_EDGE))
     return digest.hexdigest()
+
+
+def first_missing(texts) -> str | None:
+    """'<text>: <path> does not exist' for the first local model among `texts` (None entries skipped)
+    that lacks its directory, else None: the check every backend runs before loading."""
+    for text in texts:
+        if text is None:
+            continue
+        missing = missing_files(resolve(text), ())
+        if missing:
+            return f"{text!r}: {missing[0]} does not exist"
+    return None

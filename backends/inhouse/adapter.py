@@ -13,8 +13,6 @@ the same requests with the same randomness source.
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +24,7 @@ from backends.inhouse.load import LoadSpec, run_load
 from harness import model_refs
 from harness.cells import CalibrationBin, Cell, CellResult, RequestResult
 from harness.metrics import MeasurementWindow, SLA, StepRecord, from_counters, summarise
+from harness.tasks.prompts import stop_tokens
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SPS_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -62,13 +61,9 @@ class InhouseBackend:
     def check(self, cell: Cell) -> None:
         if cell.task.temperature > 0 and cell.target.dtype not in DTYPES:
             raise BackendError(f"dtype {cell.target.dtype!r} unknown; valid: {', '.join(DTYPES)}")
-        for text in (cell.target.path, cell.drafter.checkpoint):
-            if text is None:
-                continue
-            ref = model_refs.resolve(text)
-            missing = model_refs.missing_files(ref, ())
-            if missing:
-                raise BackendError(f"{text!r}: {missing[0]} does not exist")
+        missing = model_refs.first_missing((cell.target.path, cell.drafter.checkpoint))
+        if missing:
+            raise BackendError(missing)
         if cell.policy.name in ("threshold", "scheduler", "budget") and cell.drafter.method not in ("dspark",):
             raise BackendError(
                 f"policy {cell.policy.name!r} needs confidences, which only dspark drafts have "
@@ -162,7 +157,7 @@ class InhouseBackend:
             dtype = DTYPES[cell.target.dtype]
             model = TargetModel.from_pretrained(ref.location, dtype=dtype, device=self.device)
             tokenizer = AutoTokenizer.from_pretrained(ref.location)
-            self._targets[key] = _Target(model, tokenizer, _stop_tokens(tokenizer), model_refs.fingerprint(ref), {})
+            self._targets[key] = _Target(model, tokenizer, stop_tokens(tokenizer), model_refs.fingerprint(ref), {})
         return self._targets[key]
 
     def _drafter(self, cell: Cell, target: _Target) -> tuple[Any, dict]:
@@ -247,12 +242,12 @@ class InhouseBackend:
             StepRecord(i, s.end_s, s.batch_size, s.verified_tokens - s.batch_size, s.accepted_drafts, s.end_s - s.start_s)
             for i, s in enumerate(engine_steps)
         ]
-        window = measurement_window(requests)
+        window = MeasurementWindow.after_warmup_phase(
+            [r.record for r in requests if not r.warmup], [r.record for r in requests if r.warmup])
         records = [r.record for r in requests]
         sla = SLA(ttft_s=cell.sla.ttft_s, tpot_s=cell.sla.tpot_s) if cell.sla is not None else None
         temperatures = sts[: cell.num_drafts] if sts and not cell.is_plain else None
         metrics = summarise(records, steps, window, sla=sla, temperatures=temperatures)
-        import dspark_core
         import transformers
 
         provenance = {
@@ -266,16 +261,6 @@ class InhouseBackend:
         bins = calibration_bins(records, window, temperatures)
         return CellResult(requests, steps, window, provenance,
                           tuple(temperatures) if temperatures else None, metrics, bins, policy_note)
-
-
-def measurement_window(requests: list[RequestResult]) -> MeasurementWindow:
-    """From the first measured arrival (after the warm-up phase ended) to just past the last finish, so
-    by the metrics' finish-time rule every measured request counts and no warm-up request does."""
-    measured = [r.record for r in requests if not r.warmup] or [r.record for r in requests]
-    warm = [r.record.finish_s for r in requests if r.warmup]
-    start = math.nextafter(max(warm), math.inf) if warm else min(r.arrival_s for r in measured)
-    end = math.nextafter(max(r.finish_s for r in measured), math.inf)
-    return MeasurementWindow(start, max(start, end))
 
 
 def calibration_bins(records, window: MeasurementWindow, temperatures) -> list[CalibrationBin]:
@@ -300,9 +285,3 @@ def calibration_bins(records, window: MeasurementWindow, temperatures) -> list[C
             acc[4] += real
         out += [CalibrationBin(kind, 0, b, lo, hi, int(n), c, r) for b, (lo, hi, n, c, r) in sorted(pooled.items())]
     return out
-
-
-def _stop_tokens(tokenizer) -> tuple[int, ...]:
-    """End of an answer: eos and ChatML's `<|im_end|>` where the tokenizer has it."""
-    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    return tuple(sorted(i for i in ids if i is not None and i >= 0 and i != tokenizer.unk_token_id))

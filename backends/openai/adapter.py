@@ -29,7 +29,6 @@ SGLang) start their server, then call it.
 from __future__ import annotations
 
 import json
-import math
 import os
 import urllib.error
 import urllib.request
@@ -167,7 +166,8 @@ def _result(cell: Cell, endpoint: Endpoint, dataset_hash: str, warmup: list[Stre
         record = r.record(cell.num_drafts) if per_request else _without_steps(r, cell.num_drafts)
         requests.append(RequestResult(record, f"{cell.task.name}:{r.conversation}:{r.turn}", r.conversation, r.turn,
                                       is_warmup, tuple(r.token_ids), tuple(r.prompt_ids)))
-    window = measurement_window(requests)
+    window = MeasurementWindow.after_warmup_phase(
+        [r.record for r in requests if not r.warmup], [r.record for r in requests if r.warmup])
     records = [r.record for r in requests]
     sla = SLA(ttft_s=cell.sla.ttft_s, tpot_s=cell.sla.tpot_s) if cell.sla is not None else None
     metrics = summarise(records, [], window, sla=sla)
@@ -193,16 +193,6 @@ def _without_steps(response: StreamedResponse, num_drafts: int):
     usage = {k: v for k, v in response.usage.items() if not k.startswith("spec_")}
     stripped = StreamedResponse(**{**response.__dict__, "usage": usage})
     return stripped.record(num_drafts)
-
-
-def measurement_window(requests: list[RequestResult]) -> MeasurementWindow:
-    """The in-house adapter's window rule: from the first measured arrival (after the warm-up phase ended)
-    to just past the last measured finish."""
-    measured = [r.record for r in requests if not r.warmup] or [r.record for r in requests]
-    warm = [r.record.finish_s for r in requests if r.warmup]
-    start = math.nextafter(max(warm), math.inf) if warm else min(r.arrival_s for r in measured)
-    end = math.nextafter(max(r.finish_s for r in measured), math.inf)
-    return MeasurementWindow(start, max(start, end))
 
 
 def _fingerprint(text: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Mapping
 
-from backends.base import BackendError
+from backends.base import BackendError, option_flags
 from harness import model_refs
 from harness.cells import Cell
 
@@ -41,14 +41,4 @@ def server_argv(cell: Cell, options: Mapping[str, Any] | None = None) -> list[st
                  "--speculative-num-draft-tokens", str(cell.num_drafts + 1)]
         if d.method != "ngram":
             argv += ["--speculative-draft-model-path", model_refs.resolve(d.checkpoint or "").location]
-    for key, value in sorted(options.items()):
-        if key in ADAPTER_OPTIONS:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif isinstance(value, list):
-            argv += [flag, *[str(v) for v in value]]
-        elif value is not False and value is not None:
-            argv += [flag, str(value)]
-    return argv
+    return argv + option_flags(options, skip=ADAPTER_OPTIONS)

@@ -71,13 +71,9 @@ class VLLMBackend:
         elif not installed("vllm"):
             raise BackendUnavailable("vllm is not installed in this interpreter; install it, or set "
                                      "backend_options.vllm.python to an interpreter that has it")
-        for text in (cell.target.path, cell.drafter.checkpoint):
-            if text is None:
-                continue
-            ref = model_refs.resolve(text)
-            missing = model_refs.missing_files(ref, ())
-            if missing:
-                raise BackendError(f"{text!r}: {missing[0]} does not exist")
+        missing = model_refs.first_missing((cell.target.path, cell.drafter.checkpoint))
+        if missing:
+            raise BackendError(missing)
 
     def server_command(self, cell: Cell) -> list[str] | None:
         return server_argv(cell, self.options)

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from backends.base import BackendError
+from backends.base import BackendError, option_flags
 from harness import model_refs
 from harness.cells import Cell
 
@@ -131,14 +131,4 @@ def server_argv(cell: Cell, options: Mapping[str, Any] | None = None) -> list[st
         level = options.get("per_request_spec_decode_metrics", "detailed")
         if level not in (False, None, "none"):
             argv += ["--per-request-spec-decode-metrics", str(level)]
-    for key, value in sorted(options.items()):
-        if key in ADAPTER_OPTIONS:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif isinstance(value, list):
-            argv += [flag, *[str(v) for v in value]]
-        elif value is not False and value is not None:
-            argv += [flag, str(value)]
-    return argv
+    return argv + option_flags(options, skip=ADAPTER_OPTIONS)

@@ -25,7 +25,8 @@ from dspark_core.target import TargetModel
 from dspark_core.target_cache import TargetCache, build_target_cache
 from dspark_core.training import TrainConfig, evaluate_draft, train_draft
 from harness.embedded.corpus import DOMAINS, Corpus
-from harness.embedded.evaluate import confidence_table, stop_tokens
+from harness.embedded.evaluate import confidence_table
+from harness.tasks.prompts import stop_tokens
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from dspark_core.calibration import expected_calibration_error
 from dspark_core.drafters.base import Drafter
 from dspark_core.generate import GenerationConfig, GenerationResult, generate
 from dspark_core.target import TargetModel
+from harness.tasks.prompts import stop_tokens
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,6 @@ class Measurement:
 
     def row(self) -> dict:
         return asdict(self)
-
-
-def stop_tokens(tokenizer) -> tuple[int, ...]:
-    """End of an answer: eos and ChatML's `<|im_end|>` where the tokenizer has it."""
-    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    return tuple(sorted(i for i in ids if i is not None and i >= 0 and i != tokenizer.unk_token_id))
 
 
 def run_task(

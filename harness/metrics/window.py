@@ -49,6 +49,19 @@ class MeasurementWindow:
         return cls(start, max(start, end))
 
 
+    @classmethod
+    def after_warmup_phase(cls, measured: Sequence[RequestRecord], warmup: Sequence[RequestRecord] = ()) -> MeasurementWindow:
+        """For a warm-up run as its own phase before the measured load: from just after the last warm-up
+        finish (else the first measured arrival) to just past the last measured finish, so every measured
+        request counts and no warm-up request does."""
+        measured = list(measured) or list(warmup)
+        if not measured:
+            raise ValueError("no records to place a window on")
+        start = math.nextafter(max(r.finish_s for r in warmup), math.inf) if warmup else min(r.arrival_s for r in measured)
+        end = math.nextafter(max(r.finish_s for r in measured), math.inf)
+        return cls(start, max(start, end))
+
+
 def requests_in(records: Sequence[RequestRecord], window: MeasurementWindow) -> list[RequestRecord]:
     """Requests that finished or failed in the window, failed ones included."""
     return [r for r in records if window.contains(r.finish_s)]

@@ -50,3 +50,9 @@ def tokenize_messages(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> 
 def prompt_ids(tokenizer: Any, spec: TaskSpec, sample: TaskSample, answers: Sequence[str] = ()) -> list[int]:
     """`tokenize_messages(tokenizer, render_messages(spec, sample, answers))`."""
     return tokenize_messages(tokenizer, render_messages(spec, sample, answers))
+
+
+def stop_tokens(tokenizer: Any) -> tuple[int, ...]:
+    """End of an answer: eos and ChatML's `<|im_end|>` where the tokenizer has it."""
+    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    return tuple(sorted(i for i in ids if i is not None and i >= 0 and i != tokenizer.unk_token_id))

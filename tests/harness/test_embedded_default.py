@@ -13,7 +13,8 @@ import torch
 from dspark_core.drafters import NoDrafter
 from dspark_core.generate import GenerationConfig, generate
 from harness.embedded.card import relations
-from harness.embedded.evaluate import default_root, load_embedded, stop_tokens
+from harness.embedded.evaluate import default_root, load_embedded
+from harness.tasks.prompts import stop_tokens
 
 ROOT = default_root()
 DRAFTS = ("dspark", "dspark-rnn", "dflash", "eagle3")
