@@ -25,6 +25,7 @@ derived elsewhere, once.
 from __future__ import annotations
 
 import inspect
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
@@ -52,6 +53,11 @@ class DraftLengthPolicy(Protocol):
         """After verification of a step that drafted: [R] drafts verified and accepted per row."""
 
     def __call__(self, proposal: DraftProposal, step: DraftStep) -> Tensor: ...
+
+
+# Optional on a DraftLengthPolicy: `observe_step_seconds(num_rows, draft_length, width, seconds)`, told the wall
+# time of every step it planned (after the step's results reached the host), so it can price steps from
+# this machine's real costs rather than only from a table measured beforehand.
 
 
 @dataclass(frozen=True)
@@ -272,6 +278,7 @@ def speculative_step(
     `DraftLengthPolicy` first picks how many of the `num_drafts` tokens to draft (0: no draft forward), and
     afterwards hears what was verified and accepted.
     """
+    started = time.perf_counter()
     device = target.device
     num_rows = len(rows)
     step = DraftStep(rows, state.token_ids, state.num_tokens, num_drafts, temperatures, generators)
@@ -328,9 +335,12 @@ def speculative_step(
     state.token_ids[slot, pos] = emitted_t[write]
     state.num_tokens[rows] += num_emitted
 
-    counts = num_emitted.tolist()
+    counts = num_emitted.tolist()  # (a device sync: the step's work is done past this line)
     emitted = [row[:n] for row, n in zip(emitted_t.tolist(), counts)]
     verified, accepted = n_verify.tolist(), [n - 1 for n in counts]
+    observe_seconds = getattr(planner, "observe_step_seconds", None)
+    if observe_seconds is not None and num_rows:
+        observe_seconds(num_rows, num_drafts, width, time.perf_counter() - started)
     confs = None
     if proposal.confidence_logits is not None:
         conf_rows = proposal.confidence_logits.tolist()

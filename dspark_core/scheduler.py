@@ -40,12 +40,14 @@ counted as the run of admitted positions from j = 1: prefix-ness is enforced, no
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from dspark_core import kernels
 from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.sps import SPSTable
 from dspark_core.step_costs import StepCostTable
@@ -221,6 +223,8 @@ class PrefixScheduler(_Calibrated):
         num_rows = a.shape[0]
         if num_rows == 0 or a.shape[1] == 0:
             return torch.zeros(num_rows, dtype=torch.long, device=a.device)
+        if type(self) is PrefixScheduler:  # Algorithm 1 as is: the on-device kernel where it runs (no host sync)
+            return kernels.schedule_prefix(a, self.sps)
         sorted_a, rank = rank_candidates(a)
         k = self.num_admitted(throughput_curve(sorted_a, num_rows, self.sps), sorted_a)
         return admit_top(rank, a, k)
@@ -313,8 +317,14 @@ class CostAwareScheduler(_Calibrated):
     confidences, so it only helps where they are calibrated; on the embedded default they underestimate
     acceptance and cutting on them loses tokens, hence off by default.
 
-    Losslessness: the plan is a function of the step counter, R, the cost table and outcomes of earlier
-    steps, all fixed before this step's drafts are sampled (the causal barrier of `AsyncBudgetScheduler`'s
+    Learned prices (`observe_step_seconds`, on by default): the engine reports each planned step's wall time
+    and the scheduler keeps, for plain steps and for drafting steps apart, the factor by which the table is
+    off (a running geometric mean over about `cost_window` steps, each observation clipped to ×/÷ 4 so a
+    stall does not swing it). A table measured under other load, threads or context lengths is thus corrected
+    by the steps it prices; only the ratio of the two factors changes a plan.
+
+    Losslessness: the plan is a function of the step counter, R, the cost table, the wall times and outcomes
+    of earlier steps, all fixed before this step's drafts are sampled (the causal barrier of `AsyncBudgetScheduler`'s
     two-step-old budget). With `early_stop` the fill admits layer j from the survivals of positions ≤ j
     of every request; request r's a_{r,j} depends on its own x_1 … x_{j−1}, and the other requests'
     drafts are independent of r's, so whether x_{r,j} is verified never depends on x_{r,j} or later.
@@ -331,13 +341,16 @@ class CostAwareScheduler(_Calibrated):
         margin: float = 0.05,
         optimism: float = 0.9,
         early_stop: bool = False,
+        learn_costs: bool = True,
+        cost_window: float = 16.0,
     ) -> None:
         super().__init__(temperatures, calibrator)
-        if window < 1 or explore_every < 1 or margin < 0 or not 0 < optimism <= 1:
-            raise ValueError(f"need window >= 1, explore_every >= 1, margin >= 0, 0 < optimism <= 1, got "
-                             f"{window}, {explore_every}, {margin}, {optimism}")
+        if window < 1 or explore_every < 1 or margin < 0 or not 0 < optimism <= 1 or cost_window < 1:
+            raise ValueError(f"need window >= 1, explore_every >= 1, margin >= 0, 0 < optimism <= 1, "
+                             f"cost_window >= 1, got {window}, {explore_every}, {margin}, {optimism}, {cost_window}")
         self.costs, self.window, self.explore_every = costs, float(window), explore_every
         self.margin, self.optimism, self.early_stop = margin, optimism, early_stop
+        self.learn_costs, self.cost_window = learn_costs, float(cost_window)
         self.reset()
 
     def reset(self) -> None:
@@ -345,6 +358,17 @@ class CostAwareScheduler(_Calibrated):
         self.trials: list[float] = []  # [j] decayed count of verifications that reached draft position j + 1
         self.accepts: list[float] = []  # [j] … of which accepted it
         self.num_plans = 0
+        self.cost_factors = [1.0, 1.0]  # measured / table seconds: [plain steps, drafting steps]
+
+    def observe_step_seconds(self, num_rows: int, draft_length: int, width: int, seconds: float) -> None:
+        """A step this scheduler planned took `seconds`: R rows, g tokens drafted each, a verify block W wide."""
+        if not self.learn_costs or num_rows < 1 or width < 1 or not math.isfinite(seconds) or seconds <= 0:
+            return
+        priced = self.costs.verify_seconds(num_rows, width) + self.costs.draft_seconds(num_rows, draft_length)
+        ratio = min(max(seconds / priced, 0.25), 4.0)
+        kind = int(draft_length > 0)
+        weight = 1.0 / self.cost_window
+        self.cost_factors[kind] = math.exp((1 - weight) * math.log(self.cost_factors[kind]) + weight * math.log(ratio))
 
     def acceptance_rates(self, num_drafts: int, optimistic: bool = False) -> list[float]:
         """q_j, j = 1 … num_drafts: P(draft j accepted | drafts 1 … j−1 accepted); prior ½ of weight 1, or
@@ -361,7 +385,7 @@ class CostAwareScheduler(_Calibrated):
             if g > 0:
                 survive *= q
                 gain += survive
-            out.append(num_rows * (1.0 + gain) / (draft[g] + verify[g + 1]))
+            out.append(num_rows * (1.0 + gain) / ((draft[g] + verify[g + 1]) * self.cost_factors[int(g > 0)]))
         return out
 
     def draft_length(self, step: DraftStep) -> int:

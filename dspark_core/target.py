@@ -26,7 +26,9 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from dspark_core import kernels
 from dspark_core.kv_slots import KVSlots
+from dspark_core.sdpa_gqa import ATTN_IMPLEMENTATION as SDPA_GQA, use_sdpa_gqa
 
 try:  # transformers >= 4.56: caches are lists of layers
     from transformers.cache_utils import DynamicLayer as _DynamicLayer
@@ -74,6 +76,12 @@ class TargetModel:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in params
         self._first_param = next(model.parameters())
+        # On the Triton path (CUDA, or DSPARK_KERNELS=triton under the interpreter) verification attention is
+        # the varlen kernel: no padded 4-D mask, no repeat_kv copy. Elsewhere the model keeps its own attention.
+        self.varlen_attention: bool = kernels.use_varlen_attention(self.model)
+        # On the CPU, SDPA with grouped KV heads read in place (sdpa_gqa.py): no repeat_kv copy per verify step.
+        if not self.varlen_attention:
+            use_sdpa_gqa(self.model)
 
     @classmethod
     def from_pretrained(
@@ -189,7 +197,7 @@ class TargetModel:
         past_valid = cache.valid_mask(rows, max_past)  # [R, max_past]
         arange_new = torch.arange(max_new, device=num_new.device)
         new_valid = arange_new[None, :] < num_new[:, None]  # [R, max_new]
-        if getattr(self.config, "_attn_implementation", None) != "sdpa":
+        if getattr(self.config, "_attn_implementation", None) not in ("sdpa", SDPA_GQA):
             return torch.cat([past_valid, new_valid], dim=1).long()
         causal = arange_new[None, :] <= arange_new[:, None]  # [max_new (query), max_new (key)]
         new_part = causal[None, :, :] & new_valid[:, None, :]  # [R, max_new, max_new]

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from dspark_core import kernels
-from dspark_core.distributions import logits_to_probs, sample_from_probs
+from dspark_core.distributions import is_greedy, logits_to_probs, sample_from_probs
 
 RESIDUAL_EPS = 1e-9
 
@@ -98,6 +98,25 @@ def rejection_sample(
     return VerifyOutput(num_accepted=num_accepted, next_token_ids=next_token_ids)
 
 
+def rejection_sample_greedy(target_logits: Tensor, draft_token_ids: Tensor, cu_num_drafts: Tensor) -> VerifyOutput:
+    """`rejection_sample` when every request is greedy: a draft is accepted iff it is the target's argmax,
+    and the next token is the argmax after the last accepted draft. The same result as the general path
+    with one-hot p_t (u·p_d < 1 exactly when p_t(x) = 1; the residual of a one-hot is that one-hot),
+    without a softmax or one-hot over the vocabulary. Twin of `rejection.rejection_greedy_sample_triton`."""
+    device = target_logits.device
+    num_requests = cu_num_drafts.numel() - 1
+    num_drafts = cu_num_drafts[1:] - cu_num_drafts[:-1]
+    argmax = target_logits.argmax(-1)  # [total_drafts + R]
+    request_of_draft = torch.repeat_interleave(torch.arange(num_requests, device=device), num_drafts)
+    local_pos = torch.arange(draft_token_ids.numel(), device=device) - cu_num_drafts[:-1][request_of_draft]
+    matches = draft_token_ids == argmax[cu_num_drafts[:-1][request_of_draft] + request_of_draft + local_pos]
+    first_reject = torch.where(matches, num_drafts[request_of_draft], local_pos)
+    num_accepted = num_drafts.clone()
+    num_accepted.scatter_reduce_(0, request_of_draft, first_reject, reduce="amin", include_self=True)
+    final_row = cu_num_drafts[:-1] + torch.arange(num_requests, device=device) + num_accepted
+    return VerifyOutput(num_accepted=num_accepted, next_token_ids=argmax[final_row])
+
+
 def verify(
     target_logits: Tensor,
     draft_token_ids: Tensor,
@@ -107,12 +126,18 @@ def verify(
     generators: list[torch.Generator],
 ) -> VerifyOutput:
     """`rejection_sample` with uniforms drawn from each request's own generator (Triton on CUDA:
-    kernels/rejection.py, with `rejection_sample` as its twin)."""
+    kernels/rejection.py, with `rejection_sample` as its twin).
+
+    The uniforms are drawn even for greedy requests, so a request's random stream does not depend on its
+    neighbours' temperatures. Host-side temperatures that are all greedy take the argmax-only path (the
+    general one computes a softmax and a one-hot per verified row, for nothing); device-side ones would
+    need a sync to find that out, so they take it only where the caller says so through the kernel."""
     accept_u, sample_u = draw_verify_uniforms(generators, cu_num_drafts[1:] - cu_num_drafts[:-1])
     device = target_logits.device
+    all_greedy = temperatures.device.type == "cpu" and bool(is_greedy(temperatures).all())
     return kernels.rejection_sample(
         target_logits, draft_token_ids, cu_num_drafts, draft_probs, temperatures,
-        accept_u.to(device), sample_u.to(device),
+        accept_u.to(device), sample_u.to(device), all_greedy=all_greedy,
     )
 
 

@@ -27,7 +27,7 @@ class TargetSpec:
 @dataclass(frozen=True)
 class DrafterSpec:
     name: str  # the suite's name for it (a key of `drafters:`); "none" is plain decoding
-    method: str  # none | dspark | dflash | eagle3 | ngram
+    method: str  # none | dspark | dflash | eagle3 | ngram | draft_model
     checkpoint: str | None = None  # draft checkpoint directory (methods with weights)
     head: str | None = None  # dspark head override (markov | gated | rnn); None: the checkpoint's
 
@@ -45,10 +45,11 @@ class TaskSpec:
 class PolicySpec:
     """How many of each step's γ drafts to verify (dspark_core.scheduler)."""
 
-    name: str  # full | static | threshold | scheduler | budget
+    name: str  # full | static | threshold | scheduler | budget | adaptive
     verify_length: int | None = None  # static: γ' ≤ γ
     threshold: float | None = None  # threshold: σ(c_k) cut-off
-    sps_table: str | None = None  # scheduler/budget: SPS(B) table JSON; None: profile or default for the device
+    sps_table: str | None = None  # scheduler/budget: SPS(B) table JSON; adaptive: a store with step costs;
+    #                               None: profiled on the device before the first cell that needs it
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ class InhouseBackend:
             return next_turn
 
         sts = draft_info.get("sts", {}).get(f"{cell.task.temperature:g}")
-        policy, policy_note = self._policy(cell, target, sts)
+        policy, policy_note = self._policy(cell, target, sts, drafter)
         num_slots = cell.concurrency if cell.concurrency is not None else self.num_slots
         longest = max(len(r.prompt_ids) for r in first_turns)
         max_context = min(self.max_context, getattr(target.model.config, "max_position_embeddings", 1 << 30))
@@ -169,6 +169,8 @@ class InhouseBackend:
             info: dict[str, Any] = {"draft_hash": ""}
             if d.method in ("none", "ngram"):
                 drafter = build_drafter(d.method)
+            elif d.method == "draft_model":
+                drafter, info = self._draft_model(cell, target)
             else:
                 from dspark_core.checkpoint import load_draft
 
@@ -184,7 +186,26 @@ class InhouseBackend:
             self._drafters[key] = (drafter, info)
         return self._drafters[key]
 
-    def _policy(self, cell: Cell, target: _Target, sts) -> tuple[Any, str]:
+    def _draft_model(self, cell: Cell, target: _Target) -> tuple[Any, dict]:
+        """A Hugging Face causal LM as the draft, on the target's device and dtype. The target's own
+        checkpoint (`embedded` for the embedded default) shares the target's weights rather than loading
+        them twice; any other must have the target's vocabulary and tokenizer."""
+        from dspark_core.drafters import DraftModelDrafter, VocabularyMismatch, load_draft_model
+
+        ref = model_refs.resolve(cell.drafter.checkpoint or "")
+        try:
+            if ref.location == model_refs.resolve(cell.target.path).location:
+                drafter = DraftModelDrafter(target.model, target=target.model)
+            else:
+                drafter = load_draft_model(ref.location, target=target.model, target_tokenizer=target.tokenizer)
+        except VocabularyMismatch as exc:
+            raise BackendError(f"drafter {cell.drafter.name!r} ({cell.drafter.checkpoint}): {exc}") from None
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"drafter {cell.drafter.name!r}: cannot load {cell.drafter.checkpoint} "
+                               f"({ref.location}) as a Hugging Face causal LM: {exc}") from None
+        return drafter, {"draft_hash": model_refs.fingerprint(ref)}
+
+    def _policy(self, cell: Cell, target: _Target, sts, drafter) -> tuple[Any, str]:
         from dspark_core import scheduler
 
         p = cell.policy
@@ -195,12 +216,36 @@ class InhouseBackend:
             return scheduler.StaticLength(p.verify_length), ""
         if p.name == "threshold":
             return scheduler.ConfidenceThreshold(p.threshold, temperatures=temps), ""
+        if p.name == "adaptive":
+            costs, note = self._step_costs(cell, target, drafter)
+            return scheduler.CostAwareScheduler(costs, temperatures=temps), note
         sps, note = self._sps(cell, target)
         if p.name == "scheduler":
             return scheduler.PrefixScheduler(sps, temperatures=temps), note
         if p.name == "budget":
             return scheduler.AsyncBudgetScheduler(sps, temperatures=temps), note
         raise BackendError(f"policy {p.name!r} is not supported by the in-house backend")
+
+    def _step_costs(self, cell: Cell, target: _Target, drafter) -> tuple[Any, str]:
+        """The adaptive policy's step-cost table: from the suite's file, or profiled on this device once per
+        (drafter, γ, batch sizes up to the cell's concurrency rounded up to a power of two)."""
+        from dspark_core import sps as sps_tables
+        from dspark_core.step_costs import profile_step_costs
+
+        context = 256
+        if cell.policy.sps_table:
+            fp = sps_tables.fingerprint_for(target.model, context)
+            return (sps_tables.load_step_cost_table(cell.policy.sps_table, fp),
+                    f"step costs {cell.policy.sps_table}")
+        top = 1 << max(0, ((cell.concurrency or self.num_slots) - 1).bit_length())
+        rows = tuple(1 << i for i in range(top.bit_length()))
+        key = ("step_costs", cell.drafter.method, cell.drafter.checkpoint, cell.drafter.head, cell.num_drafts, rows)
+        if key not in target.sps:
+            target.sps[key] = profile_step_costs(target.model, drafter, rows, context, num_drafts=cell.num_drafts,
+                                                 repeats=3).monotone()
+        table = target.sps[key]
+        return table, "step costs profiled " + " ".join(
+            f"{r}:{1e3 * v[0]:.1f}/{1e3 * (v[-1] + d[-1]):.1f}ms" for r, v, d in zip(table.rows, table.verify_s, table.draft_s))
 
     def _sps(self, cell: Cell, target: _Target):
         from dspark_core import sps as sps_tables

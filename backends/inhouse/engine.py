@@ -53,7 +53,7 @@ class Completed:
 
     request: Request
     output_ids: list[int]
-    finish_reason: str  # stop | length
+    finish_reason: str  # stop | length | abort
     counters: RequestCounters
     arrival_s: float
     first_token_s: float
@@ -67,7 +67,7 @@ class StepStats:
 
     start_s: float
     end_s: float
-    num_prefilled: int
+    num_prefilled: int  # requests admitted (prefilled) at the start of the step
     batch_size: int  # requests in the speculative step
     verified_tokens: int  # drafts verified + one target position per request
     accepted_drafts: int
@@ -75,7 +75,10 @@ class StepStats:
 
 
 @dataclass
-class _Slot:
+class Running:
+    """A request in a slot, as the engine keeps it: what it has emitted so far, with the engine's times.
+    Callers (the HTTP server) read these between steps; only the engine writes them."""
+
     request: Request
     generator: torch.Generator
     counters: RequestCounters
@@ -103,7 +106,7 @@ class Engine:
         self.capacity = config.max_context + self.num_drafts + 2
         self.state = new_batch_state(target, drafter, config.num_slots, self.capacity)
         self.waiting: deque[Request] = deque()
-        self.slots: dict[int, _Slot] = {}
+        self.slots: dict[int, Running] = {}
         self.free = list(range(config.num_slots))  # a heap: the lowest free slot is used first
         self.steps: list[StepStats] = []
 
@@ -112,8 +115,29 @@ class Engine:
         return len(self.slots)
 
     @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.slots)
+
+    def running(self) -> list[Running]:
+        """The requests in slots now, in slot order."""
+        return [self.slots[row] for row in sorted(self.slots)]
+
+    def abort(self, request_id: str) -> Completed | None:
+        """Stop a request now (its client went away): a waiting one leaves the queue, a running one frees its
+        slot for the next step. Returns it as finished with reason "abort" and what it had emitted, or None if
+        the engine does not hold it (never submitted, or already finished)."""
+        now = self.clock()
+        for request in self.waiting:
+            if request.request_id == request_id:
+                self.waiting.remove(request)
+                arrival = request.arrival_s if request.arrival_s is not None else now
+                return Completed(request, [], "abort", RequestCounters(self.num_drafts), arrival, now, now, [])
+        row = next((row for row, slot in self.slots.items() if slot.request.request_id == request_id), None)
+        return None if row is None else self._finish(row, "abort", now)
 
     def submit(self, request: Request) -> None:
         if len(request.prompt_ids) == 0:
@@ -130,7 +154,7 @@ class Engine:
     def step(self) -> list[Completed]:
         """Admit what fits, then one speculative step over every active request."""
         start = self.clock()
-        done = self._admit()
+        num_prefilled, done = self._admit()
         rows = sorted(self.slots)
         verified = accepted = drafted = 0
         if rows:
@@ -155,7 +179,7 @@ class Engine:
             drafted = self.state.last_draft_length
             if self.calibrator is not None and confs is not None and drafted > 0:
                 self._observe_outcomes(confs, n_verified, n_accepted)
-        self.steps.append(StepStats(start, self.clock(), len(done), len(rows), verified, accepted, drafted))
+        self.steps.append(StepStats(start, self.clock(), num_prefilled, len(rows), verified, accepted, drafted))
         return done
 
     def _observe_outcomes(self, confs: list[list[float]], n_verified: list[int], n_accepted: list[int]) -> None:
@@ -164,17 +188,19 @@ class Engine:
             table[j, : len(row)] = torch.tensor(row)
         self.calibrator.observe(table, torch.tensor(n_verified), torch.tensor(n_accepted))
 
-    def _admit(self) -> list[Completed]:
+    def _admit(self) -> tuple[int, list[Completed]]:
+        """Prefill waiting requests into free slots: (how many were admitted, those already finished by their
+        prefill token)."""
         admitted: list[tuple[int, Request]] = []
         while self.waiting and self.free:
             admitted.append((heapq.heappop(self.free), self.waiting.popleft()))
         if not admitted:
-            return []
+            return 0, []
         device = self.target.device
         rows = torch.tensor([row for row, _ in admitted], device=device)
         release_slots(self.state, self.drafter, rows)
         slots = [
-            _Slot(r, torch.Generator(device="cpu").manual_seed(r.seed), RequestCounters(self.num_drafts), r.arrival_s)
+            Running(r, torch.Generator(device="cpu").manual_seed(r.seed), RequestCounters(self.num_drafts), r.arrival_s)
             for _, r in admitted
         ]
         first = prefill(
@@ -190,7 +216,7 @@ class Engine:
             reason = emit(slot.output, [token], request.max_new_tokens, request.stop_token_ids)
             if reason is not None:
                 done.append(self._finish(row, reason, now))
-        return done
+        return len(admitted), done
 
     def _finish(self, row: int, reason: str, now: float) -> Completed:
         slot = self.slots.pop(row)

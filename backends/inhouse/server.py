@@ -19,8 +19,9 @@ Extensions of the OpenAI schema: each choice carries `token_ids` (the first stre
 `spec_verify_ct`, `spec_verified_per_step`, `spec_accepted_per_step` — in the final chunk of a stream
 (with `stream_options.include_usage`) or the response. Not supported (400): n > 1, best_of > 1, echo,
 top_p ≠ 1, penalties, string `stop`; `stop_token_ids` and `ignore_eos` (vLLM's) are. The engine computes
-no logprobs: asked for, they list the tokens with `logprob: null`. A request whose client goes away still
-runs to its end (the engine has no abort).
+no logprobs: asked for, they list the tokens with `logprob: null`. A streamed request whose client goes away
+is aborted (`Engine.abort`): its slot is free for the next step, and /metrics counts it under
+finished_reason="abort".
 
 Timing: `Engine.step()` admits (prefills) and then runs one speculative step in one call, so a request's
 prefill token leaves the server together with its first step's tokens (two chunks, at once): TTFT seen
@@ -43,9 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from backends.inhouse.engine import Completed, Engine, Request
-
-POLICIES = ("full", "static", "threshold", "scheduler", "budget")
-METHODS = ("none", "dspark", "dflash", "eagle3", "ngram")
+from harness.suite.schema import HEADS, METHODS, POLICIES, WEIGHTED_METHODS  # the suite's names are the choices
 
 
 class BadRequest(Exception):
@@ -55,6 +54,13 @@ class BadRequest(Exception):
 
 
 # ------------------------------------------------------------------ the engine thread
+
+
+@dataclass
+class _Abort:
+    """An HTTP thread's request to drop a request from the engine (its client went away)."""
+
+    request_id: str
 
 
 @dataclass
@@ -136,7 +142,7 @@ class EngineLoop:
 
     def __init__(self, engine: Engine, counters: Counters):
         self.engine, self.counters = engine, counters
-        self.inbox: queue.Queue[_Stream] = queue.Queue()
+        self.inbox: queue.Queue[_Stream | _Abort] = queue.Queue()
         self.streams: dict[str, _Stream] = {}  # request id → stream, engine thread only
         self.error: str | None = None
         self._stop = threading.Event()
@@ -161,6 +167,10 @@ class EngineLoop:
         self.inbox.put(stream)
         return stream.events
 
+    def abort(self, request_id: str) -> None:
+        """Ask the engine thread to drop a request (its client is gone); a no-op once it has finished."""
+        self.inbox.put(_Abort(request_id))
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -183,23 +193,39 @@ class EngineLoop:
         except queue.Empty:
             return
         while True:
-            stream.request.arrival_s = None  # the engine clock stamps it on submission
-            try:
-                self.engine.submit(stream.request)
-            except ValueError as exc:  # checked by the HTTP thread already; kept from killing the loop
-                stream.events.put(("error", str(exc)))
+            if isinstance(stream, _Abort):
+                self._abort(stream.request_id)
             else:
-                self.streams[stream.request.request_id] = stream
-                with self.counters.lock:
-                    self.counters.prompt_tokens += len(stream.request.prompt_ids)
+                self._admit(stream)
             try:
                 stream = self.inbox.get_nowait()
             except queue.Empty:
                 return
 
+    def _admit(self, stream: _Stream) -> None:
+        stream.request.arrival_s = None  # the engine clock stamps it on submission
+        try:
+            self.engine.submit(stream.request)
+        except ValueError as exc:  # checked by the HTTP thread already; kept from killing the loop
+            stream.events.put(("error", str(exc)))
+        else:
+            self.streams[stream.request.request_id] = stream
+            with self.counters.lock:
+                self.counters.prompt_tokens += len(stream.request.prompt_ids)
+
+    def _abort(self, request_id: str) -> None:
+        stream = self.streams.pop(request_id, None)
+        done = self.engine.abort(request_id) if stream is not None else None
+        if done is not None:
+            with self.counters.lock:
+                self.counters.finished["abort"] = self.counters.finished.get("abort", 0) + 1
+                self.counters.generation_tokens += len(done.output_ids) - stream.sent_tokens
+            self.counters.observe_steps(done.counters.num_verified[stream.seen_steps:],
+                                        done.counters.num_accepted[stream.seen_steps:])
+
     def _publish(self, done: list[Completed]) -> None:
         finished = {c.request.request_id: c for c in done}
-        active = {slot.request.request_id: slot for slot in self.engine.slots.values()}
+        active = {running.request.request_id: running for running in self.engine.running()}
         for request_id, stream in list(self.streams.items()):
             source = finished.get(request_id) or active.get(request_id)
             if source is None:  # still waiting for a slot
@@ -369,7 +395,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {"version": self.served.version})
         elif path == "/metrics":
             engine = loop.engine
-            text = loop.counters.prometheus(self.served.model_name, engine.num_active, len(engine.waiting))
+            text = loop.counters.prometheus(self.served.model_name, engine.num_active, engine.num_waiting)
             self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
         else:
             self._error(404, f"no route GET {path}")
@@ -454,7 +480,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the client left; the engine finishes the request and its events are dropped
+            self.served.loop.abort(request.request_id)  # the client left: free its slot
 
     def _chunk(self, head, ids, delta, finish_reason, first, request, chat, logprobs, offset) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "token_ids": ids,
@@ -519,7 +545,7 @@ def load_engine(args: argparse.Namespace) -> tuple[Engine, Any, tuple[int, ...],
     if target.model.layer_ids != layer_ids:
         target.model.set_layer_ids(layer_ids)
     sts = info.get("sts", {}).get(f"{args.policy_temperature:g}")
-    policy, note = backend._policy(cell, target, sts)
+    policy, note = backend._policy(cell, target, sts, drafter)
     if note:
         print(note, file=sys.stderr, flush=True)
     max_context = min(args.max_context, getattr(target.model.config, "max_position_embeddings", 1 << 30))
@@ -547,13 +573,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="embedded", help="target path, hub id or 'embedded' (default)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--drafter-method", default="none", choices=METHODS)
-    p.add_argument("--drafter-checkpoint", default=None, help="draft checkpoint directory or embedded:<draft>")
-    p.add_argument("--head", default=None, choices=("markov", "gated", "rnn"), help="dspark head the checkpoint must have")
+    p.add_argument("--drafter-checkpoint", default=None,
+                   help="draft checkpoint directory or embedded:<draft>; draft_model: a causal LM (or 'embedded')")
+    p.add_argument("--head", default=None, choices=HEADS, help="dspark head the checkpoint must have")
     p.add_argument("--num-drafts", type=int, default=None, help="γ (default 3 with a drafter, 0 without)")
     p.add_argument("--policy", default="full", choices=POLICIES)
     p.add_argument("--verify-length", type=int, default=None, help="static: γ' ≤ γ")
     p.add_argument("--threshold", type=float, default=None, help="threshold: σ(c_k) cut-off")
-    p.add_argument("--sps-table", default=None, help="scheduler/budget: SPS(B) table JSON (default: profile here)")
+    p.add_argument("--sps-table", default=None,
+                   help="scheduler/budget: SPS(B) table JSON; adaptive: a store with step costs (default: profile here)")
     p.add_argument("--policy-temperature", type=float, default=0.0,
                    help="decoding temperature whose STS temperatures calibrate the policy's confidences")
     p.add_argument("--host", default="127.0.0.1")
@@ -574,7 +602,7 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--num-drafts must be 0 without a drafter")
     if args.drafter_method != "none" and args.num_drafts < 1:
         p.error("--num-drafts must be ≥ 1 with a drafter")
-    if args.drafter_method in ("dspark", "dflash", "eagle3") and not args.drafter_checkpoint:
+    if args.drafter_method in WEIGHTED_METHODS and not args.drafter_checkpoint:
         p.error(f"--drafter-method {args.drafter_method} needs --drafter-checkpoint")
     if args.policy == "static" and args.verify_length is None:
         p.error("--policy static needs --verify-length")

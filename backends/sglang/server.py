@@ -2,8 +2,9 @@
 
 SGLang names speculative algorithms in capitals; a chain (top-k 1) of γ draft steps verifies γ + 1
 tokens. DFlash needs an SGLang with DFlash support (upstream PR #16818 and later); DSpark needs a build
-with the DSpark worker. SGLang has no confidence-scheduled verification: scheduler policies are
-in-house / vLLM only.
+with the DSpark worker. A `draft_model` drafter (a separate small causal LM with the target's vocabulary)
+is SGLang's STANDALONE algorithm, the same chain flags with `--speculative-draft-model-path` naming the LM.
+SGLang has no confidence-scheduled verification: scheduler policies are in-house / vLLM only.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from backends.base import BackendError, option_flags
 from harness import model_refs
 from harness.cells import Cell
 
-ALGORITHMS = {"dspark": "DSPARK", "dflash": "DFLASH", "eagle3": "EAGLE3", "ngram": "NGRAM"}
+ALGORITHMS = {"dspark": "DSPARK", "dflash": "DFLASH", "eagle3": "EAGLE3", "ngram": "NGRAM",
+              "draft_model": "STANDALONE"}
 DEFAULT_PORT = 30000
 # The adapter's own options (backends/sglang/adapter.py), never passed to the server as flags.
 ADAPTER_OPTIONS = ("python", "port", "host", "env", "startup_timeout_s", "log_path", "timeout_s")

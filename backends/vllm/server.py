@@ -15,6 +15,10 @@ known up front, so `--dry-run` shows it): DSpark and DFlash drafts both become a
 DFlash draft as `DFlashDraftModel` instead (vLLM's stock DFlash proposer, whose slot convention differs
 from ours: see `dspark_core/export_vllm.py`).
 
+A `draft_model` drafter's checkpoint is an ordinary Hugging Face causal LM with the target's vocabulary
+(`embedded`: the embedded target itself), passed to vLLM's `draft_model` method as it is:
+`{"method": "draft_model", "model": <its directory or hub id>, "num_speculative_tokens": γ}`.
+
 Options (the suite's `backend_options.vllm`): every key becomes a server flag (`gpu_memory_utilization:
 0.9` → `--gpu-memory-utilization 0.9`, `true` → a bare flag), except the adapter's own keys below.
 """
@@ -60,6 +64,8 @@ def draft_location(cell: Cell, options: Mapping[str, Any] | None = None) -> tupl
     exported to a content-addressed directory under `export_dir`."""
     options = options or {}
     ref = model_refs.resolve(cell.drafter.checkpoint or "")
+    if cell.drafter.method == "draft_model":  # a Hugging Face causal LM, served as it is
+        return ref.location, None
     if not ref.is_local or (ref.path / "config.json").is_file() or not (ref.path / "draft_config.json").is_file():
         return ref.location, None
     layout = str(options.get("draft_layout") or "dspark")
@@ -108,7 +114,7 @@ def speculative_config(cell: Cell, options: Mapping[str, Any] | None = None) -> 
         if d.method != "dspark":
             raise BackendError("policy 'scheduler' is vLLM's adaptive verification: it needs a DSpark draft with a confidence head")
         config["enable_adaptive_verification"] = True
-    elif policy in ("threshold", "budget"):
+    elif policy in ("threshold", "budget", "adaptive"):
         raise BackendError(f"vLLM has no {policy!r} policy: its confidence scheduling is policy 'scheduler' "
                            "(enable_adaptive_verification); run this policy in-house")
     elif policy == "static" and cell.policy.verify_length not in (None, cell.num_drafts):

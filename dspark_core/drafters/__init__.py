@@ -1,12 +1,16 @@
 """The drafter family behind one interface, and how to build each from a name.
 
-| name    | what proposes                                             | trained | confidence |
-|---------|-----------------------------------------------------------|---------|------------|
-| dspark  | parallel block backbone + Markov/gated/RNN head           | yes     | yes        |
-| dflash  | the same backbone, no heads                               | yes     | no         |
-| eagle3  | shallow autoregressive decoder over fused target features | yes     | no         |
-| ngram   | prompt lookup                                             | no      | no         |
-| none    | nothing (plain decoding)                                  | no      | no         |
+| name        | what proposes                                                 | trained | confidence |
+|-------------|---------------------------------------------------------------|---------|------------|
+| dspark      | parallel block backbone + Markov/gated/RNN head               | yes     | yes        |
+| dflash      | the same backbone, no heads                                   | yes     | no         |
+| eagle3      | shallow autoregressive decoder over fused target features     | yes     | no         |
+| draft_model | a separate, smaller causal LM sharing the target's vocabulary | any LM  | no         |
+| ngram       | prompt lookup                                                 | no      | no         |
+| none        | nothing (plain decoding)                                      | no      | no         |
+
+`dspark`, `dflash` and `eagle3` checkpoints are drafts in our format (`dspark_core.checkpoint`);
+a `draft_model` checkpoint is an ordinary Hugging Face causal LM (a local directory or a hub id).
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ from torch import nn
 
 from dspark_core.drafters.base import DraftProposal, DraftStep, Drafter, NoDrafter
 from dspark_core.drafters.config import DraftConfig
+from dspark_core.drafters.draft_model import DraftModelDrafter, VocabularyMismatch, load_draft_model
 from dspark_core.drafters.dspark import DSparkDrafter, DSparkModel
 from dspark_core.drafters.eagle3 import Eagle3Drafter, Eagle3Model
 from dspark_core.drafters.ngram import NgramDrafter
 from dspark_core.target import TargetModel, default_target_layer_ids
 
-DRAFTERS = ("dspark", "dflash", "eagle3", "ngram", "none")
+DRAFTERS = ("dspark", "dflash", "eagle3", "draft_model", "ngram", "none")
 
 
 def draft_config_for(
@@ -76,7 +81,9 @@ def as_drafter(model: nn.Module) -> Drafter:
 
 
 def build_drafter(method: str, *, checkpoint: str | None = None, target: TargetModel | None = None, **options) -> Drafter:
-    """`none` and `ngram` need nothing; model drafters load `checkpoint` (a directory from `save_draft`)."""
+    """`none` and `ngram` need nothing; `draft_model` loads `checkpoint` as a Hugging Face causal LM (options:
+    `target_tokenizer`, `dtype`, `device`, see `load_draft_model`); the other model drafters load a directory
+    from `save_draft`."""
     if method == "none":
         return NoDrafter()
     if method == "ngram":
@@ -85,6 +92,8 @@ def build_drafter(method: str, *, checkpoint: str | None = None, target: TargetM
         raise ValueError(f"unknown drafter {method!r}; valid: {', '.join(DRAFTERS)}")
     if checkpoint is None:
         raise ValueError(f"drafter {method!r} needs a checkpoint directory")
+    if method == "draft_model":
+        return load_draft_model(checkpoint, target=target, **options)
     from dspark_core.checkpoint import load_draft
 
     model = load_draft(checkpoint, device=target.device if target is not None else "cpu", target=target)
@@ -94,7 +103,7 @@ def build_drafter(method: str, *, checkpoint: str | None = None, target: TargetM
 
 
 __all__ = [
-    "DRAFTERS", "DSparkDrafter", "DSparkModel", "DraftConfig", "DraftProposal", "DraftStep", "Drafter",
-    "Eagle3Drafter", "Eagle3Model", "NgramDrafter", "NoDrafter", "as_drafter", "build_draft_model",
-    "build_drafter", "draft_config_for",
+    "DRAFTERS", "DSparkDrafter", "DSparkModel", "DraftConfig", "DraftModelDrafter", "DraftProposal", "DraftStep",
+    "Drafter", "Eagle3Drafter", "Eagle3Model", "NgramDrafter", "NoDrafter", "VocabularyMismatch", "as_drafter",
+    "build_draft_model", "build_drafter", "draft_config_for", "load_draft_model",
 ]

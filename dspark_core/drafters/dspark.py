@@ -37,12 +37,14 @@ class DSparkModel(TargetFedDraft):
         return [layer.self_attn.project_kv(fused, positions) for layer in self.layers]
 
     def backbone(
-        self, block_ids: Tensor, positions: Tensor, ctx_kv: list[tuple[Tensor, Tensor]], attn_mask: Tensor
+        self, block_ids: Tensor, positions: Tensor, ctx_kv: list[tuple[Tensor, Tensor]], attn_mask: Tensor,
+        scratch_at: int | None = None,
     ) -> Tensor:
-        """block_ids/positions [batch, n] → final-normed h [batch, n, hidden]."""
+        """block_ids/positions [batch, n] → final-normed h [batch, n, hidden]. `scratch_at`: ctx_kv are buffers
+        with room for the block from there on (`DraftAttention.forward`)."""
         x = self.embed_tokens(block_ids)
         for layer, (k, v) in zip(self.layers, ctx_kv):
-            x = layer(x, positions, k, v, attn_mask)
+            x = layer(x, positions, k, v, attn_mask, scratch_at=scratch_at)
         return self.norm(x)
 
     def head_outputs(
@@ -137,7 +139,10 @@ class DSparkDrafter:
             [ctx_valid[:, None, :].expand(-1, n, -1), torch.ones(num_rows, n, n, dtype=torch.bool, device=self.device)],
             dim=2,
         )  # block: bidirectional within itself, and to every context position before the anchor
-        h = self.model.backbone(block_ids, positions, state.gather(rows, max_ctx), attn_mask)  # [R, n, hidden]
+        # The context keys/values in place (views of the slots when `rows` is a contiguous range), the block's
+        # own written behind the longest context, where no slot holds a committed position.
+        buffers = state.attention_buffers(rows, max_ctx, max_ctx + n)
+        h = self.model.backbone(block_ids, positions, buffers, attn_mask, scratch_at=max_ctx)  # [R, n, hidden]
 
         uniforms = draw_uniforms(step.generators, n, self.device)  # [R, n]
         # The sequential head: Triton on CUDA (kernels/markov_draft.py), else DSparkModel.sample_block.

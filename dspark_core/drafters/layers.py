@@ -70,20 +70,29 @@ class DraftAttention(nn.Module):
         past_v: Tensor | None,
         attn_mask: Tensor,  # [batch, seq, past + seq] bool, True = may attend
         return_kv: bool = False,
+        scratch_at: int | None = None,
     ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
-        """With `return_kv`, also the new positions' keys/values, for callers that cache them."""
+        """With `return_kv`, also the new positions' keys/values, for callers that cache them.
+
+        `scratch_at`: past_k/past_v are buffers [batch, kv_heads, ≥ scratch_at + seq, head_dim] whose positions
+        from `scratch_at` on are free (a drafter's KV slots, `KVSlots.attention_buffers`); the new keys/values
+        are written there and attention reads the buffers in place, instead of concatenating a copy of the
+        whole context every layer and step. Grouped KV heads are read in place too (SDPA `enable_gqa`)."""
         b, n, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, n, self.num_heads, self.head_dim)).transpose(1, 2)
         cos, sin = rotary(positions, self.head_dim, self.theta)
         q = apply_rotary(q, cos, sin)
         new_k, new_v = self.project_kv(x, positions)
         k, v = new_k, new_v
-        if past_k is not None:
+        if past_k is not None and scratch_at is not None:
+            past_k[:, :, scratch_at : scratch_at + n] = new_k.to(past_k.dtype)
+            past_v[:, :, scratch_at : scratch_at + n] = new_v.to(past_v.dtype)
+            k, v = past_k[:, :, : scratch_at + n], past_v[:, :, : scratch_at + n]
+        elif past_k is not None:
             k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask[:, None])
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask[:, None], enable_gqa=self.num_heads != self.num_kv_heads
+        )
         out = self.o_proj(out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim))
         return (out, (new_k, new_v)) if return_kv else out
 
@@ -112,9 +121,9 @@ class DraftDecoderLayer(nn.Module):
 
     def forward(
         self, x: Tensor, positions: Tensor, past_k: Tensor | None, past_v: Tensor | None, attn_mask: Tensor,
-        return_kv: bool = False,
+        return_kv: bool = False, scratch_at: int | None = None,
     ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
-        attn = self.self_attn(self.input_layernorm(x), positions, past_k, past_v, attn_mask, return_kv)
+        attn = self.self_attn(self.input_layernorm(x), positions, past_k, past_v, attn_mask, return_kv, scratch_at)
         attn, kv = attn if return_kv else (attn, None)
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x))

@@ -126,11 +126,13 @@ def rejection_sample(
     all_greedy: bool = False,
 ) -> "VerifyOutput":
     """`verification.rejection_sample`, same arguments and result. `all_greedy=True` (the caller knows every
-    temperature is below GREEDY_TEMPERATURE) takes the argmax-only kernel; the general kernel is exact for
-    greedy rows too."""
+    temperature is below GREEDY_TEMPERATURE) takes the argmax-only kernel, or its twin
+    `verification.rejection_sample_greedy`; the general paths are exact for greedy rows too."""
     from dspark_core import verification
 
     if not use_triton(target_logits.device):
+        if all_greedy:
+            return verification.rejection_sample_greedy(target_logits, draft_token_ids, cu_num_drafts)
         return verification.rejection_sample(
             target_logits, draft_token_ids, cu_num_drafts, draft_probs, temperatures, accept_uniforms, sample_uniforms
         )

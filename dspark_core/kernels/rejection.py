@@ -15,7 +15,8 @@ Launches (no host sync):
      ≤ RESIDUAL_EPS) or the bonus p_t, written to a [R, V] scratch row and sampled by inverse CDF
      exactly as `sample_from_probs`.
 Greedy rows (T < GREEDY_TEMPERATURE) use one-hot p_t, as the twin. The greedy variant
-(`rejection_greedy_sample_triton`, for a batch known to be all greedy) needs only the row argmaxes:
+(`rejection_greedy_sample_triton`, twin `verification.rejection_sample_greedy`, for a batch known to be all
+greedy) needs only the row argmaxes:
 accept while the draft equals the target's argmax, then emit the argmax of the final row — what the
 general rule reduces to with one-hot p_t, whatever p_d.
 """

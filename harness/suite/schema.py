@@ -7,7 +7,8 @@ unknown keys), and pydantic's errors turned into one-line `SuiteError`s at the o
     include: [common.yaml]             # merged before validation (harness.suite.document)
     defaults: {backend: inhouse, seed: 0, warmup: 2, repeats: 1, policy: full}
     targets:  {embedded: {path: embedded, dtype: float32}}
-    drafters: {dspark: {method: dspark, checkpoint: "embedded:dspark", head: markov}}
+    drafters: {dspark: {method: dspark, checkpoint: "embedded:dspark", head: markov},
+               small: {method: draft_model, checkpoint: Qwen/Qwen3-0.6B}}   # a causal LM as the draft
     tasks:    {gsm8k: {n_samples: 8, max_new_tokens: 48, temperature: 0, multi_turn: true}}
     policies: {thr07: {name: threshold, threshold: 0.7}}
     matrix:   {backend: [...], target: [...], drafter: [...], num_drafts: [...], task: [...],
@@ -39,11 +40,13 @@ from harness.suite.document import SUITE_VERSION, DocPath, Locations
 from harness.suite.errors import SuiteError, did_you_mean, one_of, show
 
 BACKENDS = ("inhouse", "vllm", "sglang", "openai")
-METHODS = ("none", "dspark", "dflash", "eagle3", "ngram")
-WEIGHTED_METHODS = ("dspark", "dflash", "eagle3")  # need a checkpoint
+METHODS = ("none", "dspark", "dflash", "eagle3", "ngram", "draft_model")
+WEIGHTED_METHODS = ("dspark", "dflash", "eagle3", "draft_model")  # need a checkpoint
+LM_METHODS = ("draft_model",)  # the checkpoint is a Hugging Face causal LM ('embedded': the embedded target)
 CONFIDENCE_METHODS = ("dspark",)  # proposals carry confidence logits (dspark_core DraftConfig: only dspark has the head)
 HEADS = ("markov", "gated", "rnn")
-POLICIES = ("full", "static", "threshold", "scheduler", "budget")
+POLICIES = ("full", "static", "threshold", "scheduler", "budget", "adaptive")
+TABLE_POLICIES = ("scheduler", "budget", "adaptive")  # priced by a measured table (SPS(B); adaptive: step costs)
 CONFIDENCE_POLICIES = ("threshold", "scheduler", "budget")  # read the drafter's confidences
 DTYPES = ("float32", "bfloat16", "float16")
 DIRECTIONS = ("higher", "lower")
@@ -127,19 +130,31 @@ class TargetEntry(Section):
         return self
 
 
+_CHECKPOINT_FORMS = {  # by whether the method's checkpoint is a Hugging Face causal LM
+    False: "'embedded:<name>', a local directory or a hub id",
+    True: "'embedded' for the embedded target, a local directory or a hub id",
+}
+
+
 class DrafterEntry(Section):
     method: Annotated[str, _choice("drafter method", METHODS)]
-    checkpoint: str | None = None  # "embedded:<name>", a local directory or a hub id
+    # "embedded:<name>", a local directory or a hub id; for draft_model a Hugging Face causal LM: "embedded"
+    # (the embedded target), a local directory or a hub id
+    checkpoint: str | None = None
     head: Annotated[str, _choice("head", HEADS)] | None = None  # dspark only; None: the checkpoint's
 
     @model_validator(mode="after")
     def _check(self) -> DrafterEntry:
         if self.method in WEIGHTED_METHODS and not self.checkpoint:
-            fail(f"method {self.method} needs a checkpoint ('embedded:<name>', a local directory or a hub id)",
+            fail(f"method {self.method} needs a checkpoint ({_CHECKPOINT_FORMS[self.method in LM_METHODS]})",
                  ("method",))
         if self.method not in WEIGHTED_METHODS and self.checkpoint is not None:
             fail(f"method {self.method} has no weights: remove checkpoint", ("checkpoint",), "key")
-        if self.checkpoint == EMBEDDED or self.checkpoint == EMBEDDED + ":":
+        if self.method in LM_METHODS:
+            if self.checkpoint is not None and self.checkpoint.startswith(EMBEDDED + ":"):
+                fail(f"method {self.method} drafts with a Hugging Face causal LM ({_CHECKPOINT_FORMS[True]}); "
+                     f"'embedded:<name>' names one of our DSpark/DFlash/Eagle3 drafts", ("checkpoint",))
+        elif self.checkpoint == EMBEDDED or self.checkpoint == EMBEDDED + ":":
             fail("an embedded draft is written 'embedded:<name>' (a directory of models/embedded/drafts/)",
                  ("checkpoint",))
         if self.head is not None and self.method != "dspark":
@@ -158,7 +173,9 @@ class PolicyEntry(Section):
     name: Annotated[str, _choice("policy", POLICIES)]
     verify_length: Gamma | None = None  # static: γ' ≤ γ
     threshold: Annotated[float, Field(gt=0, lt=1)] | None = None  # threshold: σ(c_k) cut-off
-    sps_table: str | None = None  # scheduler/budget: SPS(B) table JSON (relative: to the working directory)
+    # scheduler/budget: SPS(B) table JSON; adaptive: an SPS JSON store holding a step-cost table for the target
+    # (dspark_core.step_costs); relative paths: to the working directory. None: profiled before the first cell.
+    sps_table: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> PolicyEntry:
@@ -170,8 +187,9 @@ class PolicyEntry(Section):
             fail(f"verify_length applies to policy static only, not {self.name}", ("verify_length",), "key")
         if self.name != "threshold" and self.threshold is not None:
             fail(f"threshold applies to policy threshold only, not {self.name}", ("threshold",), "key")
-        if self.name not in ("scheduler", "budget") and self.sps_table is not None:
-            fail(f"sps_table applies to policies scheduler and budget only, not {self.name}", ("sps_table",), "key")
+        if self.name not in TABLE_POLICIES and self.sps_table is not None:
+            fail(f"sps_table applies to policies {', '.join(TABLE_POLICIES)} only, not {self.name}", ("sps_table",),
+                 "key")
         return self
 
 
@@ -179,6 +197,7 @@ BUILTIN_POLICIES = {  # usable by name without a `policies:` entry; static and t
     "full": PolicyEntry(name="full"),
     "scheduler": PolicyEntry(name="scheduler"),
     "budget": PolicyEntry(name="budget"),
+    "adaptive": PolicyEntry(name="adaptive"),
 }
 BUILTIN_DRAFTERS = {"none": DrafterEntry(method="none")}  # plain decoding, usable without a `drafters:` entry
 

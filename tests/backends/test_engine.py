@@ -31,6 +31,19 @@ def _dspark(target):
     return as_drafter(model)
 
 
+def _draft_model(target):
+    """A separate causal LM as the draft: the target's first decoder layer with its embeddings and head."""
+    import copy
+
+    from dspark_core.drafters import DraftModelDrafter
+
+    config = copy.deepcopy(target.model.config)
+    config.num_hidden_layers, config.layer_types = 1, config.layer_types[:1]
+    draft = type(target.model)(config).eval()
+    draft.load_state_dict(target.model.state_dict(), strict=False)
+    return DraftModelDrafter(draft, target=target)
+
+
 def _requests(prompts, temperature, max_new=(12, 5, 20, 9)):
     return [
         Request(f"r{i}", p, max_new_tokens=max_new[i % len(max_new)], temperature=temperature, seed=100 + i)
@@ -38,12 +51,14 @@ def _requests(prompts, temperature, max_new=(12, 5, 20, 9)):
     ]
 
 
-@pytest.mark.parametrize("drafter_name", ["none", "ngram", "dspark"])
+@pytest.mark.parametrize("drafter_name", ["none", "ngram", "dspark", "draft_model"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_continuous_batching_reproduces_generate_exactly(qwen3_target, prompts, drafter_name, temperature):
     """Fewer slots than requests, different budgets: each request's tokens equal a solo `generate` run with
-    the same seed — greedy and sampled alike, since a request draws only from its own generator."""
-    drafter = {"none": NoDrafter, "ngram": NgramDrafter, "dspark": lambda: _dspark(qwen3_target)}[drafter_name]()
+    the same seed — greedy and sampled alike, since a request draws only from its own generator. Slots are
+    reused, so a drafter with per-slot state (the draft model's KV cache) must forget the previous request."""
+    drafter = {"none": NoDrafter, "ngram": NgramDrafter, "dspark": lambda: _dspark(qwen3_target),
+               "draft_model": lambda: _draft_model(qwen3_target)}[drafter_name]()
     engine = Engine(qwen3_target, drafter, EngineConfig(num_slots=3, max_context=64, num_drafts=3))
     done = {c.request.request_id: c for c in engine.run_to_completion(_requests(prompts, temperature))}
     assert len(done) == len(prompts)
@@ -62,7 +77,7 @@ def test_continuous_batching_reproduces_generate_exactly(qwen3_target, prompts, 
 def test_requests_join_as_others_finish(qwen3_target, prompts):
     engine = Engine(qwen3_target, NoDrafter(), EngineConfig(num_slots=2, max_context=64))
     engine.run_to_completion(_requests(prompts, 0.0))
-    assert sum(s.num_prefilled for s in engine.steps) >= 1
+    assert sum(s.num_prefilled for s in engine.steps) == len(prompts)  # every request prefilled once
     assert sum(1 for s in engine.steps if s.batch_size == 2) > len(engine.steps) // 2
 
 
@@ -143,7 +158,8 @@ def _pays_when_idle(alternate: bool = False):
             super().draft_length(step)
             return step.num_drafts if self.num_plans % 2 == 1 else 0
 
-    return (Alternating if alternate else CostAwareScheduler)(costs)
+    # learn_costs=False: the table is in made-up seconds; learning from real step times would rescale it.
+    return (Alternating if alternate else CostAwareScheduler)(costs, learn_costs=False)
 
 
 def test_skipping_the_draft_forward_keeps_greedy_outputs_exact(qwen3_target, prompts):
@@ -195,3 +211,22 @@ def test_active_slots_stay_contiguous(qwen3_target, prompts, monkeypatch):
     full = [rows for rows in seen if len(rows) == 4]
     assert full and all(rows == [0, 1, 2, 3] for rows in full)
     assert len(seen) > len(full)
+
+
+def test_abort_frees_a_slot_or_drops_a_waiting_request(qwen3_target, prompts):
+    engine = Engine(qwen3_target, NoDrafter(), EngineConfig(num_slots=1, max_context=64))
+    engine.submit(Request("a", prompts[0], max_new_tokens=20))
+    engine.submit(Request("b", prompts[1], max_new_tokens=20))
+    engine.step()
+    engine.step()
+    assert [r.request.request_id for r in engine.running()] == ["a"] and engine.num_waiting == 1
+    waiting = engine.abort("b")
+    assert waiting.finish_reason == "abort" and waiting.output_ids == [] and engine.num_waiting == 0
+    running = engine.abort("a")
+    assert running.finish_reason == "abort" and len(running.output_ids) == 3  # prefill token + two steps
+    assert engine.running() == [] and not engine.has_work
+    assert engine.abort("a") is None and engine.abort("never") is None
+    engine.submit(Request("c", prompts[0], max_new_tokens=4))  # the freed slot serves the next request
+    done = engine.run_to_completion([])
+    plain = Engine(qwen3_target, NoDrafter(), EngineConfig(num_slots=1, max_context=64))
+    assert done[0].output_ids == plain.run_to_completion([Request("c", prompts[0], max_new_tokens=4)])[0].output_ids

@@ -180,6 +180,33 @@ def test_api_surface(server):
     assert SpecCounts.from_text(text).steps > 0 and "vllm:request_success_total" in text
 
 
+def test_a_streaming_client_that_leaves_is_aborted(server):
+    """The client reads one chunk of a long generation and hangs up: the engine drops the request (its slot
+    is free, /metrics counts finished_reason="abort") rather than generating to max_tokens."""
+    import time
+
+    host, port = server.url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "embedded", "prompt": [3, 17, 42], "max_tokens": 1500, "temperature": 0,
+                       "ignore_eos": True, "stream": True}).encode()
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        received = b""
+        while b"data: " not in received:  # the headers, then the first chunk
+            received += conn.recv(4096)
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(server.url + "/metrics") as response:
+            text = response.read().decode()
+        aborted = [line for line in text.splitlines() if 'finished_reason="abort"' in line]
+        running = next(line for line in text.splitlines() if line.startswith("vllm:num_requests_running"))
+        if aborted and running.endswith(" 0.0"):
+            break
+        assert time.monotonic() < deadline, f"no abort after 60 s: {aborted} {running}"
+        time.sleep(0.2)
+    assert aborted[0].endswith(" 1.0")
+
+
 # ------------------------------------------------------------------ the process helper on its own
 
 CHILDISH = textwrap.dedent("""

@@ -183,6 +183,51 @@ def test_drafting_must_beat_plain_by_the_margin():
         assert policy.draft_length(step_of(1, 1)) == plan
 
 
+def test_step_wall_times_correct_the_table_price_of_drafting():
+    """The same borderline-losing table (draft 1: 1.95/1.9 against plain 1/1.0 per request, 5% margin): once the
+    engine reports drafting steps at half their table price it drafts; plain steps reported at twice theirs
+    work the same way. One stall (×100) moves a factor by at most ×4^(1/cost_window); learn_costs=False ignores."""
+    costs = table((1,), verify=[[1.0, 1.6]], draft=[[0.3]])
+
+    def trained(learn_costs=True) -> CostAwareScheduler:
+        policy = CostAwareScheduler(costs, window=1e12, explore_every=100, cost_window=2, learn_costs=learn_costs)
+        policy.draft_length(step_of(1, 1))
+        outcomes(policy, [1] * 10, [1] * 10)
+        return policy
+
+    policy = trained()
+    assert policy.draft_length(step_of(1, 1)) == 0
+    for _ in range(8):
+        policy.observe_step_seconds(1, 1, 2, 0.95)  # table: 0.3 + 1.6 = 1.9
+    assert policy.cost_factors[1] == pytest.approx(0.5, rel=1e-2) and policy.cost_factors[0] == 1.0
+    assert policy.draft_length(step_of(1, 1)) == 1
+    policy = trained()
+    for _ in range(8):
+        policy.observe_step_seconds(1, 0, 1, 2.0)
+    assert policy.draft_length(step_of(1, 1)) == 1
+    policy = trained()
+    policy.observe_step_seconds(1, 0, 1, 100.0)
+    assert policy.cost_factors[0] == pytest.approx(2.0)  # clipped to ×4, half weight (cost_window 2)
+    policy = trained(learn_costs=False)
+    for _ in range(8):
+        policy.observe_step_seconds(1, 1, 2, 0.95)
+    assert policy.cost_factors == [1.0, 1.0] and policy.draft_length(step_of(1, 1)) == 0
+
+
+def test_generate_reports_each_planned_step_to_the_policy(qwen3_target: TargetModel):
+    """`speculative_step` tells a planning policy the rows, draft length, verify width and wall time of every
+    step; steps that skipped the draft forward report g = 0 and width 1."""
+    reports = []
+    policy = alternating_policy()
+    policy.observe_step_seconds = lambda *args: reports.append(args)
+    drafter = dspark_with_random_confidence(qwen3_target, conf_scale=0.5)
+    generate(qwen3_target, drafter, GREEDY_PROMPTS, GenerationConfig(max_new_tokens=8, num_drafts=3), policy=policy)
+    assert reports and all(r == len(GREEDY_PROMPTS) or r >= 1 for r, _, _, _ in reports)
+    assert {g for _, g, _, _ in reports} >= {0, 3}
+    assert all(w == 1 for _, g, w, _ in reports if g == 0) and all(1 <= w <= g + 1 for _, g, w, _ in reports)
+    assert all(s > 0 for *_, s in reports)
+
+
 def test_exploration_plans_optimistically_every_explore_every_steps():
     policy = CostAwareScheduler(BORDERLINE, window=1e12, explore_every=4)
     assert policy.draft_length(step_of(8, 3)) == 3  # nothing observed: optimistic

@@ -141,3 +141,37 @@ def test_rollback_never_grows():
     assert slots.lengths.tolist() == [3, 1]
     slots.rollback(torch.tensor([0]), torch.tensor([0]))
     assert slots.lengths.tolist() == [0, 1]
+
+
+def test_cpu_sdpa_reads_grouped_kv_in_place_and_changes_nothing(qwen3_target: TargetModel):
+    """On the CPU, `TargetModel` switches a grouped-KV SDPA model to "dspark_sdpa" (no repeat_kv copy per
+    verify step); a copy kept on Hugging Face's own SDPA gives the same logits through prefill, verify-shaped
+    chunks and rollback."""
+    import copy
+
+    from dspark_core.sdpa_gqa import wants_sdpa_gqa
+
+    assert qwen3_target.config._attn_implementation == "dspark_sdpa"
+    reference = copy.deepcopy(qwen3_target.model)
+    reference.set_attn_implementation("sdpa")
+    assert wants_sdpa_gqa(reference)
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, qwen3_target.vocab_size, (3, 12), generator=gen)
+    cache = qwen3_target.new_cache(3, 32)
+    prefill = qwen3_target.forward(cache, torch.arange(3), tokens[:, :5], torch.tensor([5, 3, 4]))
+    chunk = qwen3_target.forward(cache, torch.arange(3), tokens[:, 5:9], torch.tensor([4, 2, 1]))
+    cache.rollback(torch.arange(3), torch.tensor([7, 4, 5]))
+    after = qwen3_target.forward(cache, torch.tensor([2, 0]), tokens[:2, 9:12], torch.tensor([3, 1]))
+    committed = {0: tokens[0, :7].tolist(), 2: tokens[2, :4].tolist() + tokens[2, 5:6].tolist()}
+    for j, row in enumerate([2, 0]):
+        n = (3, 1)[j]
+        seq = committed[row] + tokens[j, 9 : 9 + n].tolist()
+        full = reference(input_ids=torch.tensor([seq])).logits[0, -n:].float()
+        torch.testing.assert_close(after.logits[j, :n], full, atol=ATOL, rtol=1e-4)
+    for r, n in enumerate((5, 3, 4)):
+        full = reference(input_ids=tokens[r : r + 1, :n]).logits[0].float()
+        torch.testing.assert_close(prefill.logits[r, :n], full, atol=ATOL, rtol=1e-4)
+    for r, (p, n) in enumerate(zip((5, 3, 4), (4, 2, 1))):
+        seq = tokens[r, :p].tolist() + tokens[r, 5 : 5 + n].tolist()
+        full = reference(input_ids=torch.tensor([seq])).logits[0, -n:].float()
+        torch.testing.assert_close(chunk.logits[r, :n], full, atol=ATOL, rtol=1e-4)

@@ -15,7 +15,8 @@ import torch
 from scipy import stats
 
 from dspark_core.distributions import GREEDY_TEMPERATURE, logits_to_probs
-from dspark_core.verification import draw_verify_uniforms, rejection_sample, verify
+from dspark_core import verification
+from dspark_core.verification import draw_verify_uniforms, rejection_sample, rejection_sample_greedy, verify
 from exact_distribution import chi2_gof
 
 
@@ -222,6 +223,41 @@ def test_batched_equals_alone_and_reference(seed: int, one_hot: bool):
     # The batch exercises every outcome kind.
     assert any(a == n > 0 for (a, _), n in zip(batched, lengths))  # all accepted + bonus
     assert any(a < n for (a, _), n in zip(batched, lengths))  # a rejection
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_greedy_path_equals_the_general_rule(seed: int):
+    """`rejection_sample_greedy` (argmax only) gives what the general rule gives on an all-greedy batch:
+    soft or one-hot draft distributions, any uniforms, runs of matches of every length, empty requests."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [0, 7, 1, 3, 7, 0, 2, 5]
+    requests = [random_request(gen, 13, n, 0.0) for n in lengths]
+    requests.append(random_request(gen, 13, 7, 0.0, greedy_run=7))
+    for soft in (False, True):
+        if soft:  # greedy verification must ignore the draft distribution entirely
+            requests = [Request(r.target_logits, r.draft_ids, torch.softmax(torch.randn(len(r.draft_ids), 13,
+                        generator=gen), -1), r.temperature, r.accept_u, r.sample_u) for r in requests]
+        kw = flatten(requests)
+        general = rejection_sample(**kw)
+        greedy = rejection_sample_greedy(kw["target_logits"], kw["draft_token_ids"], kw["cu_num_drafts"])
+        assert greedy.num_accepted.tolist() == general.num_accepted.tolist()
+        assert greedy.next_token_ids.tolist() == general.next_token_ids.tolist()
+    assert general.num_accepted.tolist()[-1] == 7 and 0 < sum(general.num_accepted.tolist()) < sum(lengths) + 7
+
+
+def test_verify_takes_the_greedy_path_only_when_every_row_is_greedy(monkeypatch):
+    calls = []
+    real = verification.rejection_sample_greedy
+    monkeypatch.setattr(verification, "rejection_sample_greedy", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setenv("DSPARK_KERNELS", "torch")
+    gen = torch.Generator().manual_seed(0)
+    for temps, expect in [([0.0, 0.0], 1), ([0.0, 1.0], 0)]:
+        calls.clear()
+        requests = [random_request(gen, 9, 3, t) for t in temps]
+        kw = flatten(requests)
+        verification.verify(kw["target_logits"], kw["draft_token_ids"], kw["cu_num_drafts"], kw["draft_probs"],
+                            kw["temperatures"], [torch.Generator().manual_seed(i) for i in range(2)])
+        assert len(calls) == expect
 
 
 def test_verify_draws_per_request_streams():

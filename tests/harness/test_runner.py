@@ -74,6 +74,63 @@ def test_run_records_every_cell_and_query_reads_them(tmp_path, data_env, capsys)
     assert json.loads(capsys.readouterr().out) == [{"n": 2}]
 
 
+def truncated_embedded_target(directory: Path, num_layers: int = 2) -> Path:
+    """The embedded target cut to its first `num_layers` decoder layers, saved with its tokenizer: a smaller
+    Hugging Face LM with the target's vocabulary, i.e. a valid `draft_model` draft that is not the target."""
+    import copy
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from harness import model_refs
+
+    location = model_refs.resolve("embedded").location
+    target = AutoModelForCausalLM.from_pretrained(location, dtype="float32")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = num_layers
+    config.layer_types = config.layer_types[:num_layers]
+    draft = type(target)(config).eval()
+    missing, _ = draft.load_state_dict(target.state_dict(), strict=False)
+    assert not missing, missing
+    draft.save_pretrained(directory)
+    AutoTokenizer.from_pretrained(location).save_pretrained(directory)
+    return directory
+
+
+def test_draft_model_cells_are_lossless_and_record_their_draft(tmp_path, data_env):
+    """draft_model on the in-house engine: the embedded target as its own draft (`embedded`: every greedy
+    draft accepted) and a 2-layer cut of it saved as a local directory; both give plain decoding's outputs.
+    A causal LM with another vocabulary fails its cell with the reason, and the suite goes on."""
+    from conftest import tiny_qwen3
+
+    db = tmp_path / "h.duckdb"
+    small = truncated_embedded_target(tmp_path / "small")
+
+    tiny_qwen3(vocab_size=96).save_pretrained(tmp_path / "other_vocab")
+    extra = (f'self: {{method: draft_model, checkpoint: embedded}}\n  small: {{method: draft_model, checkpoint: "{small}"}}'
+             f'\n  other: {{method: draft_model, checkpoint: "{tmp_path / "other_vocab"}"}}')
+    suite = write_suite(tmp_path, n=4, drafters="none, self, small, other", extra_drafter=extra)
+    assert main(["run", str(suite), "--db", str(db)]) == 1
+    _, status = read_only_query(db, "select drafter, status, error from cells")
+    status = {d: (s, e) for d, s, e in status}
+    assert {d: s for d, (s, _) in status.items()} == {"none": "ok", "self": "ok", "small": "ok", "other": "failed"}
+    assert "vocabulary has 96 tokens, the target's 4096" in status["other"][1]
+    _, outs = read_only_query(db, "select c.drafter, r.prompt_key, r.output_ids from requests r join cells c "
+                                  "using (run_id, cell_id, repeat)")
+    by_drafter: dict[str, dict] = {}
+    for drafter, key, ids in outs:
+        by_drafter.setdefault(drafter, {})[key] = ids
+    assert by_drafter["self"] == by_drafter["none"] and by_drafter["small"] == by_drafter["none"]
+    _, counts = read_only_query(db, "select c.drafter, sum(s.num_verified), sum(s.num_accepted) from request_steps s "
+                                    "join cells c using (run_id, cell_id, repeat) group by c.drafter order by 1")
+    counts = {d: (int(v), int(a)) for d, v, a in counts}
+    assert counts["self"][0] > 0 and counts["self"][0] == counts["self"][1]
+    assert 0 < counts["small"][1] < counts["small"][0]
+    _, hashes = read_only_query(db, "select drafter, json_extract_string(provenance, '$.draft_hash') from cells "
+                                    "where status = 'ok'")
+    hashes = dict(hashes)
+    assert hashes["none"] == "" and hashes["self"] and hashes["small"] and hashes["self"] != hashes["small"]
+
+
 def test_failing_cell_is_recorded_and_the_suite_goes_on(tmp_path, data_env, capsys):
     db = tmp_path / "h.duckdb"
     # a dflash drafter pointed at a dspark checkpoint: passes the file check, fails when it loads

@@ -180,6 +180,23 @@ def test_server_argv_drops_adapter_options():
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "4"
 
 
+def test_draft_model_is_sglang_standalone():
+    """SGLang's name for a separate small causal LM as the draft is STANDALONE, on the same chain flags."""
+    from dataclasses import replace
+
+    from backends.sglang.server import server_argv
+    from harness import model_refs
+
+    argv = server_argv(_cell(DrafterSpec("self", "draft_model", "embedded"), 5))
+    flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--speculative")}
+    assert flags == {"--speculative-algorithm": "STANDALONE", "--speculative-num-steps": "5",
+                     "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "6",
+                     "--speculative-draft-model-path": model_refs.resolve("embedded").location}
+    with pytest.raises(BackendError, match="policy 'static' is in-house/vLLM only"):
+        server_argv(replace(_cell(DrafterSpec("self", "draft_model", "embedded"), 5),
+                            policy=PolicySpec("static", verify_length=2)))
+
+
 # ------------------------------------------------------------------ SPS tables
 
 

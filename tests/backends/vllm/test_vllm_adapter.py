@@ -60,6 +60,24 @@ def test_our_drafts_are_exported_to_a_content_addressed_dir(tmp_path):
                                                        "num_speculative_tokens": 3}
 
 
+def test_draft_model_is_served_as_it_is(tmp_path):
+    """A draft_model checkpoint is a Hugging Face LM: passed to vLLM's draft_model method as resolved (the
+    embedded target for `embedded`), never exported, even from a directory that looks like one of our drafts."""
+    from harness import model_refs
+
+    options = {"export_dir": str(tmp_path / "exports")}
+    own = _cell(DrafterSpec("self", "draft_model", "embedded"), gamma=5)
+    assert _spec(server_argv(own, options)) == {"method": "draft_model", "model": model_refs.resolve("embedded").location,
+                                                "num_speculative_tokens": 5}
+    assert draft_location(own, options)[1] is None
+    hub = _cell(DrafterSpec("small", "draft_model", "Qwen/Qwen3-0.6B"))
+    assert _spec(server_argv(hub)) == {"method": "draft_model", "model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 3}
+    ours = _cell(DrafterSpec("odd", "draft_model", str(REPO / "models" / "embedded" / "drafts" / "dspark")))
+    assert draft_location(ours, options) == (str(REPO / "models" / "embedded" / "drafts" / "dspark"), None)
+    with pytest.raises(BackendError, match="DSpark draft"):
+        speculative_config(_cell(DrafterSpec("self", "draft_model", "embedded"), policy=PolicySpec("scheduler")))
+
+
 def test_policies_options_and_flags():
     argv = server_argv(_cell(DSPARK, policy=PolicySpec("scheduler")),
                        {"dspark_draft_topk": 32, "python": "/v/bin/python", "env": ["A=1"], "enforce_eager": True,
@@ -105,7 +123,7 @@ def test_backend_measures_reuses_and_stops_the_server(fake_vllm, data_env):
     backend = VLLMBackend(**fake_vllm)
     try:
         result = backend.run_cell(_cell())
-        assert result.provenance["acceptance_source"] in ("per_request", "prometheus")
+        assert result.provenance["acceptance_source"] == "per_request"  # the final chunks' metrics block
         assert result.provenance["backend_version"] == "vllm/fake-1.0"
         assert "vllm.entrypoints.openai.api_server" in result.provenance["server_argv"]
         assert all(len(r.output_ids) == 12 for r in result.requests)  # return_token_ids: ids per chunk
@@ -165,6 +183,22 @@ def test_unavailable_without_vllm(monkeypatch):
         VLLMBackend(python="/nonexistent/python").check(_cell())
 
 
+@pytest.mark.parametrize("level", [False, "summary"])
+def test_prometheus_counters_are_the_fallback(fake_vllm, data_env, level):
+    """Without per-step arrays in the responses (the flag left out, or vLLM's `summary` level) acceptance
+    comes from the cell's Prometheus counter deltas: the same τ as from the per-request arrays."""
+    from backends.vllm.adapter import VLLMBackend
+
+    backend = VLLMBackend(**fake_vllm, per_request_spec_decode_metrics=level)
+    try:
+        result = backend.run_cell(_cell())
+    finally:
+        backend.close()
+    assert result.provenance["acceptance_source"] == "prometheus"
+    assert all(r.record.num_verified == () for r in result.requests)
+    assert result.metrics.value("acceptance_length") == pytest.approx(13 / 5)
+
+
 def test_per_request_usage_reads_vllms_detailed_block():
     from backends.openai.metrics import per_request_steps
     from backends.vllm.adapter import per_request_usage
@@ -177,3 +211,8 @@ def test_per_request_usage_reads_vllms_detailed_block():
     assert per_request_steps(usage, 3) == (3, (3,) * 8, (1, 0, 2, 0, 0, 3, 0, 2))
     summary = {"speculative_decoding": {k: v for k, v in block["speculative_decoding"].items() if not k.startswith("per_step")}}
     assert per_request_usage(summary) is None and per_request_usage(None) is None
+    # a request that never drafted has no arrays at any level: zero steps, not missing data
+    none = {"speculative_decoding": {"mean_acceptance_length": 1.0, "acceptance_histogram": [0, 0, 0, 0],
+                                     "num_spec_steps": 0, "num_accepted_draft_tokens": 0, "num_draft_tokens": 0,
+                                     "num_spec_tokens": 3}}
+    assert per_request_steps(per_request_usage(none), 3) == (3, (), ())

@@ -93,11 +93,13 @@ def test_hf_forward_through_varlen_attention_matches_sdpa(monkeypatch, new_qwen3
     of the same model on SDPA, through prefill, verify chunks, rollback and gathered slots."""
     if mode == "triton":
         pytest.importorskip("triton")
+    monkeypatch.setenv("DSPARK_KERNELS", "torch")  # the reference: SDPA (TargetModel switches on the Triton path)
+    reference = TargetModel(new_qwen3(), layer_ids=(0,))
+    assert reference.config._attn_implementation in ("sdpa", "dspark_sdpa")
     monkeypatch.setenv("DSPARK_KERNELS", mode)
     calls = []
     dispatch = kernels.varlen_attention
     monkeypatch.setattr(kernels, "varlen_attention", lambda *a, **k: calls.append(a[0].shape) or dispatch(*a, **k))
-    reference = TargetModel(new_qwen3(), layer_ids=(0,))
     varlen_model = new_qwen3()
     install_varlen_attention(varlen_model)
     varlen = TargetModel(varlen_model, layer_ids=(0,))

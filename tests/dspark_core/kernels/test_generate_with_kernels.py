@@ -1,7 +1,7 @@
 """The whole draft → schedule → verify loop with the kernels switched on (DSPARK_KERNELS=triton; the
 interpreter on CPU) emits exactly what it emits on the torch twins: greedy and sampled, with the Markov
-head kernel, the rejection kernel, the varlen attention inside the target, and the prefix scheduler kernel
-wired as the call-site change proposed for `PrefixScheduler.__call__` would wire it.
+head kernel, the rejection kernel, the varlen attention inside the target (switched on by `TargetModel`
+itself) and the prefix scheduler kernel (called by `PrefixScheduler` itself).
 
 Equal tokens, seed for seed, imply that the losslessness results (greedy = plain decoding, χ² against the
 exact law) carry over to the kernels; tests/dspark_core/test_losslessness.py itself also runs with
@@ -16,7 +16,6 @@ import functools
 import pytest
 import torch
 
-from dspark_core import kernels
 from dspark_core.drafters import as_drafter, build_draft_model, draft_config_for
 from dspark_core.generate import GenerationConfig, generate
 from dspark_core.scheduler import PrefixScheduler
@@ -28,13 +27,6 @@ from .conftest import DEVICE
 pytest.importorskip("triton")
 
 PROMPTS = [[5, 17, 33, 2, 40], [71], [9, 9, 12, 60, 61, 62, 3, 8]]
-
-
-class KernelPrefixScheduler(PrefixScheduler):
-    """`PrefixScheduler` with the proposed one-line change: Algorithm 1 through `kernels.schedule_prefix`."""
-
-    def __call__(self, proposal, step):
-        return kernels.schedule_prefix(self.survival(proposal), self.sps)
 
 
 def _drafter(target: TargetModel):
@@ -53,20 +45,36 @@ def _drafter(target: TargetModel):
     return as_drafter(model.eval())
 
 
-def _run(monkeypatch, new_qwen3, mode: str, temperature: float, gamma=3, varlen=False, scheduler=False,
-         prompts=PROMPTS):
+def _run(monkeypatch, new_qwen3, mode: str, temperature: float, gamma=3, scheduler=False, prompts=PROMPTS):
     monkeypatch.setenv("DSPARK_KERNELS", mode)
     target = TargetModel(new_qwen3())
+    assert target.varlen_attention == (mode == "triton")
+    assert target.model.config._attn_implementation == ("dspark_varlen" if mode == "triton" else "dspark_sdpa")
     drafter = _drafter(target)
-    if varlen:
-        assert kernels.use_varlen_attention(target.model)  # the proposed line in TargetModel.__init__
     policy = None
     if scheduler:
-        sps = step_sps_table(64, 2, base_latency_s=0.010, tile_latency_s=0.002)
-        policy = KernelPrefixScheduler(sps) if mode == "triton" else PrefixScheduler(sps)
+        policy = PrefixScheduler(step_sps_table(64, 2, base_latency_s=0.010, tile_latency_s=0.002))
     config = GenerationConfig(max_new_tokens=9, num_drafts=gamma, temperature=temperature)
     results = generate(target, drafter, prompts, config, seed=3, policy=policy)
     return [(r.output_ids, r.counters.num_verified, r.counters.num_accepted) for r in results]
+
+
+def _count_kernel_calls(monkeypatch) -> dict[str, int]:
+    """Counts calls of each Triton entry point, so a test knows the loop went through all four kernels."""
+    from dspark_core.kernels import attention, markov_draft, prefix_scheduler, rejection
+
+    calls: dict[str, int] = {}
+    for module, name in [(markov_draft, "markov_draft"), (rejection, "rejection_greedy_sample_triton"),
+                         (attention, "varlen_attention_triton"), (prefix_scheduler, "schedule_prefix_triton")]:
+        calls[name] = 0
+        original = getattr(module, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    return calls
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
@@ -79,7 +87,9 @@ def test_kernels_on_equals_off(triton_kernels, monkeypatch, new_qwen3, temperatu
 def test_everything_on_greedy(triton_kernels, monkeypatch, new_qwen3):
     """Markov head, prefix scheduler, varlen attention and rejection kernels together, γ = 5."""
     run = functools.partial(_run, monkeypatch, new_qwen3, gamma=5)
-    on = run("triton", 0.0, varlen=True, scheduler=True)
+    calls = _count_kernel_calls(monkeypatch)
+    on = run("triton", 0.0, scheduler=True)
+    assert all(calls[name] > 0 for name in calls), calls  # each kernel really ran inside the loop
     off = run("torch", 0.0, scheduler=True)
     assert on == off
     plain = run("torch", 0.0)

@@ -100,6 +100,9 @@ def test_greedy_variant(triton_kernels, num_drafts: list[int]):
     for seed, closeness in [(0, 1.0), (1, 0.5)]:
         args = _batch(num_drafts, vocab, [0.0] * len(num_drafts), closeness, seed)
         ref = _assert_same(args, all_greedy=True)
+        twin = verification.rejection_sample_greedy(args["target_logits"], args["draft_token_ids"], args["cu_num_drafts"])
+        assert twin.num_accepted.tolist() == ref.num_accepted.tolist()
+        assert twin.next_token_ids.tolist() == ref.next_token_ids.tolist()
         _assert_same(args)  # the general kernel too
         if closeness == 1.0:
             assert ref.num_accepted.tolist() == num_drafts

@@ -34,7 +34,7 @@ def test_cpu_suite_fits_its_budget():
     assert {c.drafter.method for c in cells} >= {"none", "dspark", "dflash", "ngram"}
     assert {c.task.name for c in cells} == {"gsm8k", "humaneval", "mt_bench"}
     assert {c.num_drafts for c in cells} == {0, 1, 3, 7} and {c.concurrency for c in cells} == {1, 4, 16}
-    assert {c.policy.name for c in cells} == {"full", "scheduler", "static", "threshold"}
+    assert {c.policy.name for c in cells} == {"full", "scheduler", "adaptive", "static", "threshold"}
     assert {c.backend for c in cells} == {"inhouse"} and {c.target.path for c in cells} == {"embedded"}
     assert max(c.task.n_samples for c in cells) <= 16 and max(c.task.max_new_tokens for c in cells) <= 64
     check_paths(suite)

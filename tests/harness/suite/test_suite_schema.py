@@ -95,12 +95,13 @@ def test_out_of_range(old, new, needle, rest):
     ("backend: [inhouse]", "backend: sglng", "sglng", "matrix.backend[0]: unknown backend 'sglng' (did you mean "
                                                       "'sglang'?); valid: inhouse, vllm, sglang, openai"),
     ("method: dspark", "method: dspak", "dspak", "drafters.dspark.method: unknown drafter method 'dspak' (did you "
-                                                 "mean 'dspark'?); valid: none, dspark, dflash, eagle3, ngram"),
+                                                 "mean 'dspark'?); valid: none, dspark, dflash, eagle3, ngram, "
+                                                 "draft_model"),
     ('"embedded:dspark"}', '"embedded:dspark", head: gru}', "gru",
      "drafters.dspark.head: unknown head 'gru'; valid: markov, gated, rnn"),
     ("{name: threshold,", "{name: treshold,", "treshold", "policies.thr07.name: unknown policy 'treshold' (did you "
                                                           "mean 'threshold'?); valid: full, static, threshold, "
-                                                          "scheduler, budget"),
+                                                          "scheduler, budget, adaptive"),
     ("  tiny: {path: embedded}", "  tiny: {path: embedded, dtype: fp8}", "fp8",
      "targets.tiny.dtype: unknown dtype 'fp8'; valid: float32, bfloat16, float16"),
 ])
@@ -174,7 +175,7 @@ sla: {ttft_s: 2.0}
     ("{name: static, verify_length: 3}", "{name: full, verify_length: 3}", "verify_length",
      "policies.static3.verify_length: verify_length applies to policy static only, not full"),
     ("{name: threshold, threshold: 0.7}", "{name: threshold, threshold: 0.7, sps_table: t.json}", "sps_table",
-     "policies.thr07.sps_table: sps_table applies to policies scheduler and budget only, not threshold"),
+     "policies.thr07.sps_table: sps_table applies to policies scheduler, budget, adaptive only, not threshold"),
     ("  tiny: {path: embedded}", "  tiny my: {path: embedded}", "tiny my",
      "targets.tiny my: names are letters, digits, '_', '.' and '-' (starting with a letter or digit), got 'tiny my'"),
     ("name: tiny", "name: tiny\nsla: {}", "{}", "sla: an sla sets ttft_s and/or tpot_s (leave sla out for none)"),
@@ -196,6 +197,53 @@ def test_rules_within_an_entry(old, new, needle, rest):
     check(old, new, needle, rest)
 
 
+# --- draft_model: the checkpoint is a Hugging Face causal LM ------------------------------------------
+
+DRAFT_MODEL = BASE.replace('  dflash: {method: dflash, checkpoint: "embedded:dflash"}',
+                           "  small: {method: draft_model, checkpoint: Qwen/Qwen3-0.6B}\n"
+                           "  self: {method: draft_model, checkpoint: embedded}").replace(
+    "drafter: [none, dspark]", "drafter: [none, small, self]")
+
+
+def test_draft_model_takes_a_causal_lm_checkpoint():
+    """A hub id, a directory, or `embedded` (the embedded target as its own draft); cells carry it."""
+    from harness.suite import expand
+
+    suite = parse_suite_text(DRAFT_MODEL)
+    assert (suite.drafters["small"].method, suite.drafters["small"].checkpoint) == ("draft_model", "Qwen/Qwen3-0.6B")
+    assert suite.drafters["self"].checkpoint == "embedded"
+    cells = expand(suite)
+    assert {(c.drafter.method, c.drafter.checkpoint) for c in cells if not c.is_plain} == {
+        ("draft_model", "Qwen/Qwen3-0.6B"), ("draft_model", "embedded")}
+    assert {c.num_drafts for c in cells if c.drafter.method == "draft_model"} == {3, 7}
+
+
+@pytest.mark.parametrize("old, new, needle, rest", [
+    (", checkpoint: Qwen/Qwen3-0.6B}", "}", "method: |draft_model}",
+     "drafters.small.method: method draft_model needs a checkpoint ('embedded' for the embedded target, a local "
+     "directory or a hub id)"),
+    ("checkpoint: embedded}", 'checkpoint: "embedded:dspark"}', 'draft_model, checkpoint: |"embedded:dspark"}',
+     "drafters.self.checkpoint: method draft_model drafts with a Hugging Face causal LM ('embedded' for the "
+     "embedded target, a local directory or a hub id); 'embedded:<name>' names one of our DSpark/DFlash/Eagle3 drafts"),
+    ("checkpoint: embedded}", "checkpoint: embedded, head: markov}", "head",
+     "drafters.self.head: head applies to method dspark only, not draft_model"),
+    ("drafter: [none, small, self]", "drafter: [none, small, self]\n  policy: [thr07]", "thr07]",
+     "matrix.policy[0]: policy 'thr07' (threshold) reads draft confidences, which drafter 'small' (method "
+     "draft_model) does not give; exclude the combination: exclude: [{drafter: small, policy: thr07}]"),
+])
+def test_draft_model_errors(old, new, needle, rest):
+    text = DRAFT_MODEL.replace(old, new, 1)
+    assert text != DRAFT_MODEL
+    assert error_of(text) == f"s.yaml:{at(text, needle)}: {rest}"
+
+
+def test_exclude_rules_match_the_draft_model_method():
+    from harness.suite import expand
+
+    text = DRAFT_MODEL.replace("  concurrency: [1, 4]", "  concurrency: [1, 4]\n  exclude: [{method: draft_model}]")
+    assert {c.drafter.method for c in expand(parse_suite_text(text))} == {"none"}
+
+
 def test_missing_top_level_key_points_at_the_file():
     assert error_of(BASE.replace("name: tiny\n", "")) == "s.yaml:1:1: missing required key 'name'"
 
@@ -212,7 +260,7 @@ def test_missing_top_level_key_points_at_the_file():
      "matrix.target[1]: target 'big' is not defined; defined: tiny (define it under targets:)"),
     ("concurrency: [1, 4]", "concurrency: [1, 4]\n  policy: [full, thr7]", "thr7",
      "matrix.policy[1]: policy 'thr7' is not defined (did you mean 'thr07'?); defined: full, scheduler, budget, "
-     "thr07, static3 (define it under policies:)"),
+     "adaptive, thr07, static3 (define it under policies:)"),
     ("concurrency: [1, 4]", "concurrency: [1, 4]\n  policy: [static]", "static]",
      "matrix.policy[0]: policy 'static' needs parameters: define one under policies:, e.g. policies: "
      "{static3: {name: static, verify_length: 3}}"),
