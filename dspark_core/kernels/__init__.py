@@ -8,9 +8,10 @@
 | `schedule_prefix`             | `prefix_scheduler.py`  | `scheduler.schedule_prefix`                           |
 | `schedule_prefix_from_logits` | `prefix_scheduler.py`  | `scheduler._Calibrated.survival` + `schedule_prefix`  |
 
-Wired: `DSparkDrafter.propose` calls `draft_block`, `verification.verify` calls `rejection_sample`. The
-attention runs inside a Hugging Face model once `use_varlen_attention(model)` has switched it (registered
-as "dspark_varlen"); the scheduler once `PrefixScheduler` calls `schedule_prefix`.
+Wired: `DSparkDrafter.propose` calls `draft_block`, `verification.verify` calls `rejection_sample`,
+`PrefixScheduler.__call__` calls `schedule_prefix`, and `TargetModel.__init__` calls `use_varlen_attention`,
+which switches the Hugging Face model to "dspark_varlen" attention where the Triton path runs (elsewhere
+the model keeps its attention; on the CPU, `dspark_core.sdpa_gqa`).
 
 This package is the only place that imports `triton`, and only lazily, inside a dispatch that chose
 the Triton path: `import dspark_core` works without triton installed.
