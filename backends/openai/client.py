@@ -19,6 +19,8 @@ clock of `RequestRecord`) and counts the tokens in it. Token counting rule, firs
   4. otherwise 1 if the chunk carries text, else 0 (a role-only or usage-only chunk).
   After the stream, if only rule 4 counted and the final `usage.completion_tokens` differs, the last
   emission absorbs the difference (one with no text, e.g. a lone stop token, still counts).
+A chunk's top-level `metrics.speculative_decoding` (vLLM's per-request acceptance) is kept as the `spec_*`
+fields of `StreamedResponse.usage` (`backends.openai.metrics.per_request_usage`).
 `StreamedResponse.token_source` says which rules counted. A chunk's tokens share its arrival time, so a
 speculative step that emits several tokens in one chunk is one emission event, as in the engine.
 
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from backends.openai.metrics import per_request_usage
 from harness.metrics.records import RequestRecord
 
 Clock = Callable[[], float]
@@ -234,6 +237,7 @@ class _ChunkReader:
         self.usage_tokens = 0  # the last cumulative usage.completion_tokens seen
         self.ids_complete = True  # every chunk with tokens carried token_ids
         self.last_s = float("-inf")  # arrival of the last chunk
+        self.spec: dict[str, Any] | None = None  # vLLM's per-request spec block, as usage fields
 
     def add(self, chunk: Mapping[str, Any], now: float) -> None:
         out = self.out
@@ -267,6 +271,9 @@ class _ChunkReader:
             out.usage = dict(usage)
             if isinstance(usage.get("completion_tokens"), int):
                 self.usage_tokens = usage["completion_tokens"]
+        spec = per_request_usage(chunk.get("metrics"))
+        if spec is not None:
+            self.spec = spec
 
     def _count(self, choice: Mapping[str, Any], usage, text: str) -> tuple[int, str]:
         if choice.get("token_ids") is not None:
@@ -289,6 +296,8 @@ class _ChunkReader:
         out = self.out
         if not self.ids_complete:
             out.token_ids = []
+        if self.spec is not None:  # vLLM's `metrics.speculative_decoding` (final chunk), as the spec extension
+            out.usage = {**out.usage, **self.spec}
         total = out.usage.get("completion_tokens")
         if self.sources in ([], ["text"]) and isinstance(total, int) and total != out.output_tokens:
             self._reconcile(total)

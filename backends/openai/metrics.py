@@ -9,7 +9,9 @@ Two sources, best first (the adapter records which one it used as `acceptance_so
       spec_verified_per_step   [spec_verify_ct] drafts verified at each step (0 … γ); absent: γ each step
       spec_accepted_per_step   [spec_verify_ct] drafts accepted at each step (0 … verified)
   These fill `RequestRecord.num_verified/num_accepted`, and every acceptance metric follows as for the
-  in-house engine.
+  in-house engine. vLLM (≥ 0.32, `--per-request-spec-decode-metrics detailed`) sends the same per request
+  in its own shape, a top-level `metrics.speculative_decoding` block on the final (usage) chunk; the
+  client translates it into these fields (`per_request_usage`).
 * **prometheus** — vLLM's cumulative counters, scraped from GET /metrics before and after the measured
   phase; their difference is the cell's acceptance (`SpecCounts`):
       vllm:spec_decode_num_drafts_total                      (request, step) pairs that verified ≥ 1 draft
@@ -192,3 +194,23 @@ def per_request_steps(usage: Mapping[str, Any], num_drafts: int) -> tuple[int, t
     if count != len(accepted) or not all(isinstance(v, int) and 0 <= a <= v <= gamma for v, a in zip(verified, accepted)):
         return None
     return gamma, tuple(verified), tuple(accepted)
+
+
+def per_request_usage(metrics: Any) -> dict[str, Any] | None:
+    """vLLM's per-request acceptance — the top-level `metrics` of a response, whose `speculative_decoding`
+    block vLLM ≥ 0.32 fills with `--per-request-spec-decode-metrics` — as the `spec_*` usage extension
+    above, or None without per-step data. vLLM observes only steps that verified ≥ 1 draft, so these are
+    its drafting steps: `per_step_drafted` / `per_step_accepted` at level `detailed`; a request with no
+    drafting step has neither (at any level), which is zero steps, not missing data; level `summary`
+    (steps but no arrays) gives None."""
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return None
+    accepted, drafted = spec.get("per_step_accepted"), spec.get("per_step_drafted")
+    if accepted is None and drafted is None and spec.get("num_spec_steps") == 0:
+        accepted, drafted = [], []
+    if not isinstance(accepted, list) or not isinstance(drafted, list) or len(accepted) != len(drafted):
+        return None
+    gamma = spec.get("num_spec_tokens", max(drafted, default=0))
+    return {"spec_num_drafts": int(gamma), "spec_verify_ct": len(accepted),
+            "spec_verified_per_step": [int(v) for v in drafted], "spec_accepted_per_step": [int(a) for a in accepted]}

@@ -10,9 +10,11 @@ from the target's tokenizer, as the in-house adapter builds them.
 
 Acceptance is scoped to the cell: from each response's per-request counts when every measured response
 has them (`acceptance_source` = per_request; vLLM ≥ 0.32 sends them as `metrics.speculative_decoding` on
-the final chunk, asked for with `--per-request-spec-decode-metrics detailed`, see `per_request_usage`),
-else from the difference of vLLM's Prometheus counters scraped just before and just after the measured
-phase (prometheus; server-wide, so nothing else may use the server meanwhile). vLLM counts only steps
+the final chunk, asked for with `--per-request-spec-decode-metrics detailed`, and the OpenAI client reads
+them, `backends.openai.metrics.per_request_usage`), else from the difference of vLLM's Prometheus
+counters scraped just before and just after the measured phase (prometheus; server-wide, so nothing else
+may use the server meanwhile; an older vLLM, or option `per_request_spec_decode_metrics: false`).
+`provenance["prometheus_spec_decode"]` keeps the counters' difference either way. vLLM counts only steps
 that verified at least one draft, in both sources, and drafts γ up to the last step even when fewer
 tokens remain (our engine drafts at most the tokens left − 1), so the last step of a request can differ.
 
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import BackendError, BackendUnavailable, Progress
+from backends.openai.metrics import per_request_usage  # vLLM's per-request block → our spec extension
 from backends.vllm.server import ADAPTER_OPTIONS, DEFAULT_PORT, draft_location, server_argv, speculative_config
 from harness import model_refs
 from harness.cells import Cell, CellResult
@@ -169,26 +172,6 @@ class VLLMBackend:
 
             self._tokenizers[text] = AutoTokenizer.from_pretrained(model_refs.resolve(text).location)
         return self._tokenizers[text]
-
-
-def per_request_usage(metrics: Any) -> dict[str, Any] | None:
-    """vLLM's per-request acceptance (the top-level `metrics.speculative_decoding` of the final streamed
-    chunk, vLLM ≥ 0.32 with `--per-request-spec-decode-metrics detailed`) as the spec extension of
-    `backends.openai.metrics.per_request_steps` (`spec_num_drafts`, `spec_verify_ct`,
-    `spec_verified_per_step`, `spec_accepted_per_step`); None without per-step arrays (level `summary`).
-    vLLM records only steps that verified ≥ 1 draft, so these are drafting steps.
-
-    The OpenAI client does not keep that block yet: until it does, the adapter's acceptance comes from
-    the Prometheus counters (`acceptance_source` says which)."""
-    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
-    if not isinstance(spec, dict):
-        return None
-    accepted, drafted = spec.get("per_step_accepted"), spec.get("per_step_drafted")
-    if not isinstance(accepted, list) or not isinstance(drafted, list) or len(accepted) != len(drafted):
-        return None
-    return {"spec_num_drafts": int(spec.get("num_spec_tokens", max(drafted, default=0))),
-            "spec_verify_ct": len(accepted), "spec_verified_per_step": [int(v) for v in drafted],
-            "spec_accepted_per_step": [int(a) for a in accepted]}
 
 
 def installed(name: str) -> bool:
