@@ -174,3 +174,32 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+class ReusedServer:
+    """One server process at a time, kept while consecutive cells need the same command and environment (a
+    vLLM or SGLang start costs minutes); a cell needing another command stops the old server first."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.process: ServerProcess | None = None
+        self._key: tuple | None = None
+
+    def ensure(self, argv: Sequence[str], health_url: str, *, env: Mapping[str, str], startup_timeout_s: float,
+               log_path: str | None = None) -> ServerProcess:
+        """The running server for `argv` with `env` added to this process's environment, started if needed;
+        raises ServerError (with its log tail) when it does not come up."""
+        key = (tuple(argv), tuple(sorted(env.items())))
+        if self.process is not None and self._key == key and self.process.running:
+            return self.process
+        self.stop()
+        process = ServerProcess(list(argv), health_url, env={**os.environ, **env}, startup_timeout_s=startup_timeout_s,
+                                log_path=log_path, name=self.name)
+        process.start()
+        self.process, self._key = process, key
+        return process
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.close()
+        self.process, self._key = None, None

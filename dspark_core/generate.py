@@ -286,8 +286,11 @@ def speculative_step(
     planner = policy if num_drafts > 0 and isinstance(policy, DraftLengthPolicy) else None
     if planner is not None:
         num_drafts = step.num_drafts = max(0, min(num_drafts, int(planner.draft_length(step))))  # no draft exists yet
+    handover_s = 0.0
     if num_drafts > 0:
+        handover_s = time.perf_counter()
         hand_over_pending(drafter, state, rows)  # the drafter's context must be complete before it drafts
+        handover_s = time.perf_counter() - handover_s
         proposal = drafter.propose(state.draft_state, step)
         state.has_confidences = proposal.confidence_logits is not None
     else:
@@ -340,7 +343,10 @@ def speculative_step(
     verified, accepted = n_verify.tolist(), [n - 1 for n in counts]
     observe_seconds = getattr(planner, "observe_step_seconds", None)
     if observe_seconds is not None and num_rows:
-        observe_seconds(num_rows, num_drafts, width, time.perf_counter() - started)
+        # Without the hand-over of positions parked by earlier plain steps: their deferred observe is the price of
+        # those steps' tokens (a drafting step observes its own tokens, and that is in its price), and charging it
+        # to the first drafting step after a plain stretch would make drafting look dearer the rarer it is.
+        observe_seconds(num_rows, num_drafts, width, time.perf_counter() - started - handover_s)
     confs = None
     if proposal.confidence_logits is not None:
         conf_rows = proposal.confidence_logits.tolist()

@@ -35,7 +35,7 @@ import urllib.request
 from typing import Any
 
 from backends.base import BackendError, Progress
-from backends.openai.client import ApiRequest, Endpoint, Load, StreamedResponse, run_openai_load
+from backends.openai.client import ApiRequest, Endpoint, Load, Send, StreamedResponse, run_openai_load
 from backends.openai.metrics import DIRECT, SpecCounts, per_request_steps, scrape
 from harness import model_refs
 from harness.cells import Cell, CellResult, RequestResult
@@ -101,10 +101,12 @@ class OpenAIBackend:
 
 
 def run_cell_at(endpoint: Endpoint, cell: Cell, progress: Progress | None = None, *, tokenizer=None,
-                scrape_metrics: bool = True, provenance: dict[str, str] | None = None, log: str = "") -> CellResult:
+                scrape_metrics: bool = True, provenance: dict[str, str] | None = None, log: str = "",
+                send: Send | None = None) -> CellResult:
     """Measure `cell` against a running server. Completions (`endpoint.chat` false) need the target's
     `tokenizer` (prompt ids, and answers decoded for the next turn); chat sends messages. `provenance`
-    adds to / overrides what this function reports (a server backend knows its version and device)."""
+    adds to / overrides what this function reports (a server backend knows its version and device).
+    `send`: another API for the same conversations and load (SGLang's /generate; default the OpenAI API)."""
     from harness.tasks import load_task, prompt_ids, render_messages
 
     if not endpoint.chat and tokenizer is None:
@@ -145,10 +147,10 @@ def run_cell_at(endpoint: Endpoint, cell: Cell, progress: Progress | None = None
     warmup: list[StreamedResponse] = []
     if warm > 0:  # a phase of its own, run to completion first, as in the in-house adapter
         warmup = run_openai_load(endpoint, first_turns[:warm], Load(concurrency=cell.concurrency or warm),
-                                 next_turn_from(0), on_response=on_response)
+                                 next_turn_from(0), on_response=on_response, send=send)
     before = _spec_counts(endpoint) if scrape_metrics else None
     measured = run_openai_load(endpoint, first_turns[warm:], Load(cell.concurrency, cell.rate, cell.seed),
-                               next_turn_from(warm), on_response=on_response)
+                               next_turn_from(warm), on_response=on_response, send=send)
     after = _spec_counts(endpoint) if scrape_metrics else None
     for r in measured:
         r.conversation += warm

@@ -358,6 +358,9 @@ def arrival_offsets(num_conversations: int, rate: float, seed: int) -> list[floa
 
 # next_turn(conversation index, turn index, its successful response) → the next turn, or None when done
 NextTurn = Callable[[int, int, StreamedResponse], ApiRequest | None]
+# send(endpoint, request, clock, scheduled arrival or None) → the finished response (`stream_request`, or another
+# API's client such as SGLang's native /generate, `backends.sglang.client.stream_generate`)
+Send = Callable[[Endpoint, ApiRequest, Clock, "float | None"], StreamedResponse]
 
 
 def run_openai_load(
@@ -369,11 +372,14 @@ def run_openai_load(
     on_response: Callable[[StreamedResponse], None] | None = None,
     clock: Clock = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
+    send: Send | None = None,
 ) -> list[StreamedResponse]:
     """Run one conversation per entry of `first_turns` under `load` (`Load` or a LoadSpec); every turn's
     response, in finish order. A conversation's next turn (`next_turn`, called on the worker thread) is
     sent as soon as its previous turn succeeded; a failed turn ends its conversation. `on_response` is
-    called on the calling thread, once per response, as they finish (progress)."""
+    called on the calling thread, once per response, as they finish (progress). `send` sends one request
+    (default `stream_request`, the OpenAI API)."""
+    send = send or stream_request
     n = len(first_turns)
     events: queue.Queue = queue.Queue()  # StreamedResponse | ("end", None) | ("raise", exc)
     stop = threading.Event()
@@ -382,7 +388,7 @@ def run_openai_load(
         try:
             request, turn = first_turns[conv], 0
             while request is not None and not stop.is_set():
-                response = stream_request(endpoint, request, clock, arrival)
+                response = send(endpoint, request, clock, arrival)
                 response.conversation, response.turn = conv, turn
                 follow = next_turn(conv, turn, response) if next_turn is not None and response.error is None else None
                 events.put(response)

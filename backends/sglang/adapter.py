@@ -18,14 +18,14 @@ SGLang has no CPU build: tests replay SGLang-shaped responses from a local HTTP 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import os
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
 from backends.base import BackendError, BackendUnavailable, Progress
+from backends.process import ReusedServer
 from backends.sglang.server import ADAPTER_OPTIONS, DEFAULT_PORT, server_argv
 from harness import model_refs
 from harness.cells import Cell, CellResult
@@ -45,8 +45,7 @@ class SGLangBackend:
         if bad:
             raise BackendError(f"backend_options.sglang.env entries are NAME=value strings, got {bad}")
         self.env = dict(e.split("=", 1) for e in env)
-        self._server = None
-        self._server_key: tuple | None = None
+        self._servers = ReusedServer("sglang server")
         self._tokenizers: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ protocol
@@ -100,26 +99,22 @@ class SGLangBackend:
     # ------------------------------------------------------------------ server
 
     def _ensure_server(self, argv: list[str]):
-        from backends.process import ServerError, ServerProcess
+        """The running server for `argv`, reused when the previous cell had the same one."""
+        from backends.process import ServerError
 
-        key = (tuple(argv), tuple(sorted(self.env.items())))
-        if self._server is not None and self._server_key == key and self._server.running:
-            return self._server
-        self._stop()
-        server = ServerProcess(argv, f"http://{self.host}:{self.port}/health", env={**os.environ, **self.env},
-                               startup_timeout_s=self.startup_timeout_s, log_path=self.options.get("log_path"),
-                               name="sglang server")
         try:
-            server.start()
+            return self._servers.ensure(argv, f"http://{self.host}:{self.port}/health", env=self.env,
+                                        startup_timeout_s=self.startup_timeout_s, log_path=self.options.get("log_path"))
         except ServerError as exc:
             raise BackendError(f"SGLang server did not start ({shlex.join(argv)}): {exc}") from None
-        self._server, self._server_key = server, key
-        return server
+
+    @property
+    def _server(self):
+        """The server process now running for this backend, if any."""
+        return self._servers.process
 
     def _stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        self._server, self._server_key = None, None
+        self._servers.stop()
 
     def _tokenizer(self, text: str):
         if text not in self._tokenizers:
@@ -152,51 +147,14 @@ def run_cell_native(endpoint, cell: Cell, progress: Progress | None = None, *, t
                     provenance: dict[str, str] | None = None) -> CellResult:
     """`backends.openai.adapter.run_cell_at` over SGLang's /generate: the same conversations (token-id
     prompts from the target's tokenizer; MT-Bench turns built from the model's answers), warm-up phase and
-    load, with per-request acceptance from `meta_info`. (Once `run_cell_at` takes a `send` function this
-    becomes `run_cell_at(endpoint, cell, progress, tokenizer=…, scrape_metrics=False, send=…)`.)"""
-    from backends.openai.adapter import _result
-    from backends.openai.client import ApiRequest, Load, StreamedResponse
-    from backends.sglang.client import run_load, stream_generate
-    from harness.tasks import load_task, prompt_ids
+    load, with per-request acceptance from `meta_info` (no Prometheus scrape: /server_info is cumulative)."""
+    from backends.openai.adapter import run_cell_at
+    from backends.sglang.client import stream_generate
 
-    data = load_task(cell.task.name, n_samples=cell.task.n_samples, seed=cell.seed)
-    spec, samples = data.spec, data.samples
-    turns = spec.turns if cell.task.multi_turn else 1
-    answers: list[list[str]] = [[] for _ in samples]
     send = functools.partial(_send, num_drafts=cell.num_drafts, stream=stream_generate)
-
-    def request(sample: int, turn: int) -> ApiRequest:
-        ids = prompt_ids(tokenizer, spec, samples[sample], answers[sample])
-        seed = (cell.seed * 1_000_003 + sample * 1_009 + turn) % (2**63)  # as the in-house adapter
-        return ApiRequest(f"{sample}:{turn}", ids, cell.task.max_new_tokens, cell.task.temperature, seed)
-
-    def next_turn_from(offset: int):
-        def next_turn(conv: int, turn: int, done: StreamedResponse) -> ApiRequest | None:
-            conv += offset
-            answers[conv].append(tokenizer.decode(done.token_ids, skip_special_tokens=True) if done.token_ids else done.text)
-            return request(conv, turn + 1) if turn + 1 < turns else None
-        return next_turn
-
-    first_turns = [request(i, 0) for i in range(len(samples))]
-    total, finished = len(samples) * turns, 0
-
-    def on_response(_: StreamedResponse) -> None:
-        nonlocal finished
-        finished += 1
-        if progress is not None:
-            progress(finished, total)
-
-    warm = min(cell.warmup, len(first_turns) - 1)
-    warmup = []
-    if warm > 0:
-        warmup = run_load(send, endpoint, first_turns[:warm], Load(concurrency=cell.concurrency or warm),
-                          next_turn_from(0), on_response=on_response)
-    measured = run_load(send, endpoint, first_turns[warm:], Load(cell.concurrency, cell.rate, cell.seed),
-                        next_turn_from(warm), on_response=on_response)
-    for r in measured:
-        r.conversation += warm
-    extra = {"api": "sglang /generate", **(provenance or {})}
-    return _result(cell, endpoint, data.content_hash, warmup, measured, None, extra, "")
+    endpoint = dataclasses.replace(endpoint, chat=False)
+    return run_cell_at(endpoint, cell, progress, tokenizer=tokenizer, scrape_metrics=False,
+                       provenance={"api": "sglang /generate", **(provenance or {})}, send=send)
 
 
 def _send(endpoint, request, clock, arrival, *, num_drafts: int, stream):

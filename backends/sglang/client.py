@@ -28,13 +28,11 @@ from __future__ import annotations
 
 import http.client
 import json
-import queue
-import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
-from backends.openai.client import ApiRequest, Clock, Endpoint, StreamedResponse, arrival_offsets, sse_events
+from backends.openai.client import ApiRequest, Clock, Endpoint, StreamedResponse, sse_events
 
 HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 ACCEPTED_KEYS = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
@@ -148,82 +146,3 @@ def stream_generate(endpoint: Endpoint, request: ApiRequest, clock: Clock = time
 
 class _Failed(Exception):
     pass
-
-
-# ------------------------------------------------------------------ load
-
-NextTurn = Callable[[int, int, StreamedResponse], ApiRequest | None]
-Send = Callable[[Endpoint, ApiRequest, Clock, float | None], StreamedResponse]
-
-
-def run_load(send: Send, endpoint: Endpoint, first_turns: Sequence[ApiRequest], load, next_turn: NextTurn | None = None,
-             *, on_response: Callable[[StreamedResponse], None] | None = None,
-             clock: Clock = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> list[StreamedResponse]:
-    """`backends.openai.client.run_openai_load` with another way to send a request (`send`): the same closed
-    loop (C conversations in flight) or Poisson arrivals (`arrival_offsets`, the same draws), every turn's
-    response in finish order. (To be replaced by `run_openai_load(send=…)` once the OpenAI client takes one.)"""
-    n = len(first_turns)
-    events: queue.Queue = queue.Queue()
-    stop = threading.Event()
-
-    def conversation(conv: int, arrival: float | None) -> None:
-        try:
-            request, turn = first_turns[conv], 0
-            while request is not None and not stop.is_set():
-                response = send(endpoint, request, clock, arrival)
-                response.conversation, response.turn = conv, turn
-                follow = next_turn(conv, turn, response) if next_turn is not None and response.error is None else None
-                events.put(response)
-                request, turn, arrival = follow, turn + 1, None
-            events.put(("end", None))
-        except BaseException as exc:  # noqa: BLE001 — surface a bug in next_turn on the caller's thread
-            events.put(("raise", exc))
-
-    if load.concurrency is not None:
-        order, lock = iter(range(n)), threading.Lock()
-
-        def worker() -> None:
-            while not stop.is_set():
-                with lock:
-                    conv = next(order, None)
-                if conv is None:
-                    return
-                conversation(conv, None)
-
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(load.concurrency, n))]
-    else:
-        start = clock()
-        arrivals = [start + t for t in arrival_offsets(n, load.rate, load.seed)]
-
-        def dispatcher() -> None:
-            for conv, at in enumerate(arrivals):
-                if at > clock():
-                    sleep(at - clock())
-                if stop.is_set():
-                    for _ in range(conv, n):
-                        events.put(("end", None))
-                    return
-                threading.Thread(target=conversation, args=(conv, at), daemon=True).start()
-
-        threads = [threading.Thread(target=dispatcher, daemon=True)]
-    for thread in threads:
-        thread.start()
-    out: list[StreamedResponse] = []
-    ended = 0
-    try:
-        while ended < n:
-            try:
-                event = events.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if isinstance(event, StreamedResponse):
-                out.append(event)
-                if on_response is not None:
-                    on_response(event)
-            elif event[0] == "end":
-                ended += 1
-            else:
-                raise event[1]
-    finally:
-        stop.set()
-    return out

@@ -26,7 +26,6 @@ whole process group (the API server, its engine core and workers).
 from __future__ import annotations
 
 import importlib.util
-import os
 import shlex
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import BackendError, BackendUnavailable, Progress
+from backends.process import ReusedServer
 from backends.openai.metrics import per_request_usage  # vLLM's per-request block → our spec extension
 from backends.vllm.server import ADAPTER_OPTIONS, DEFAULT_PORT, draft_location, server_argv, speculative_config
 from harness import model_refs
@@ -59,8 +59,7 @@ class VLLMBackend:
         if bad:
             raise BackendError(f"backend_options.vllm.env entries are NAME=value strings, got {bad}")
         self.env = dict(e.split("=", 1) for e in env)
-        self._server = None  # backends.process.ServerProcess
-        self._server_key: tuple | None = None
+        self._servers = ReusedServer("vllm server")
         self._tokenizers: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ protocol
@@ -123,27 +122,21 @@ class VLLMBackend:
 
     def _ensure_server(self, argv: list[str]):
         """The running server for `argv`, reused when the previous cell had the same one."""
-        from backends.process import ServerError, ServerProcess
+        from backends.process import ServerError
 
-        key = (tuple(argv), tuple(sorted(self.env.items())))
-        if self._server is not None and self._server_key == key and self._server.running:
-            return self._server
-        self._stop()
-        env = {**os.environ, **self.env}
-        server = ServerProcess(argv, f"http://{self.host}:{self.port}/health", env=env,
-                               startup_timeout_s=self.startup_timeout_s, log_path=self.options.get("log_path"),
-                               name="vllm server")
         try:
-            server.start()
+            return self._servers.ensure(argv, f"http://{self.host}:{self.port}/health", env=self.env,
+                                        startup_timeout_s=self.startup_timeout_s, log_path=self.options.get("log_path"))
         except ServerError as exc:
             raise BackendError(f"vLLM server did not start ({shlex.join(argv)}): {exc}") from None
-        self._server, self._server_key = server, key
-        return server
+
+    @property
+    def _server(self):
+        """The server process now running for this backend, if any."""
+        return self._servers.process
 
     def _stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        self._server, self._server_key = None, None
+        self._servers.stop()
 
     def _export(self, cell: Cell) -> str | None:
         """Export a draft of ours into vLLM's layout once (content-addressed); returns the vLLM draft dir."""

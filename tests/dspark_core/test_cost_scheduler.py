@@ -228,6 +228,33 @@ def test_generate_reports_each_planned_step_to_the_policy(qwen3_target: TargetMo
     assert all(s > 0 for *_, s in reports)
 
 
+def test_reported_step_times_leave_out_the_hand_over_of_parked_positions(qwen3_target: TargetModel, monkeypatch):
+    """The first drafting step after plain steps first hands the parked positions to the drafter; that deferred
+    observe is the plain steps' cost, so the time reported for the drafting step leaves it out (else drafting
+    would look dearer the rarer it is). A hand-over made to take 0.3 s shows up in the wall time only."""
+    import time
+
+    from dspark_core import generate as generation
+
+    real = generation.hand_over_pending
+    slow_hand_overs = []
+
+    def slow(drafter, state, rows):
+        if state.pending is not None and bool((state.pending.count[rows] > 0).any()):
+            time.sleep(0.3)
+            slow_hand_overs.append(1)
+        real(drafter, state, rows)
+
+    monkeypatch.setattr(generation, "hand_over_pending", slow)
+    reports = []
+    policy = alternating_policy()
+    policy.observe_step_seconds = lambda *args: reports.append(args)
+    drafter = dspark_with_random_confidence(qwen3_target, conf_scale=0.5)
+    generate(qwen3_target, drafter, GREEDY_PROMPTS, GenerationConfig(max_new_tokens=8, num_drafts=3), policy=policy)
+    assert slow_hand_overs, "no drafting step followed a plain one"
+    assert all(seconds < 0.3 for *_, seconds in reports)
+
+
 def test_exploration_plans_optimistically_every_explore_every_steps():
     policy = CostAwareScheduler(BORDERLINE, window=1e12, explore_every=4)
     assert policy.draft_length(step_of(8, 3)) == 3  # nothing observed: optimistic

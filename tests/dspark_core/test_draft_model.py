@@ -37,6 +37,7 @@ from test_losslessness import (
     BROKEN_ALPHA,
     MAX_NEW,
     NUM_SAMPLES,
+    assert_independent_of_batch,
     check_counters,
     exact_law,
     fit,
@@ -278,20 +279,7 @@ def test_a_misreported_draft_law_fails_the_test(monkeypatch):
 def test_sampled_request_does_not_depend_on_its_batch(qwen3_target):
     """Request i's randomness comes from generators[i] only: alone or in any batch, the same tokens."""
     prompts = greedy_reference(qwen3_target).prompts[:6]
-    drafter = drafter_for(qwen3_target, "truncated")
-    config = GenerationConfig(max_new_tokens=12, num_drafts=3, temperature=1.0)
-
-    def gens(order):
-        return [torch.Generator().manual_seed(1000 + i) for i in order]
-
-    batched = [r.output_ids for r in generate(qwen3_target, drafter, prompts, config, generators=gens(range(6)))]
-    order = [4, 1, 5, 0, 3, 2]
-    shuffled = generate(qwen3_target, drafter, [prompts[i] for i in order], config, generators=gens(order))
-    assert [r.output_ids for r in shuffled] == [batched[i] for i in order]
-    for i in (0, 3, 5):
-        alone = generate(qwen3_target, drafter, [prompts[i]], config, generators=gens([i]))[0]
-        assert alone.output_ids == batched[i]
-    assert len({tuple(b) for b in batched}) == len(batched)
+    assert_independent_of_batch(qwen3_target, drafter_for(qwen3_target, "truncated"), prompts, alone_at=(0, 3, 5))
 
 
 def test_a_draft_with_another_vocabulary_is_refused(qwen3_target):

@@ -364,20 +364,23 @@ def test_stop_at_the_first_token(qwen3_target: TargetModel, greedy_setup):
 @pytest.mark.parametrize("case_id", ["dspark-markov", "eagle3", "bad"])
 def test_sampled_request_does_not_depend_on_its_batch(qwen3_target: TargetModel, greedy_setup, case_id: str):
     """Request i's randomness comes from generators[i] only: alone or in any batch, the same tokens."""
-    prompts = greedy_setup.prompts[:6]
     case = next(c for c in GREEDY_DRAFTERS if c.id == case_id)
-    drafter = case.build(qwen3_target, greedy_setup.bigram)
+    assert_independent_of_batch(qwen3_target, case.build(qwen3_target, greedy_setup.bigram), greedy_setup.prompts[:6])
+
+
+def assert_independent_of_batch(target: TargetModel, drafter, prompts: list[list[int]], alone_at=(0, 3)) -> None:
+    """Sampled at T = 1 with request i seeded 1000 + i: the same tokens batched, shuffled and alone."""
     config = GenerationConfig(max_new_tokens=12, num_drafts=3, temperature=1.0)
 
     def gens(order):
         return [torch.Generator().manual_seed(1000 + i) for i in order]
 
-    batched = [r.output_ids for r in generate(qwen3_target, drafter, prompts, config, generators=gens(range(6)))]
-    order = [4, 1, 5, 0, 3, 2]
-    shuffled = generate(qwen3_target, drafter, [prompts[i] for i in order], config, generators=gens(order))
+    batched = [r.output_ids for r in generate(target, drafter, prompts, config, generators=gens(range(len(prompts))))]
+    order = [4, 1, 5, 0, 3, 2][: len(prompts)]
+    shuffled = generate(target, drafter, [prompts[i] for i in order], config, generators=gens(order))
     assert [r.output_ids for r in shuffled] == [batched[i] for i in order]
-    for i in (0, 3):
-        alone = generate(qwen3_target, drafter, [prompts[i]], config, generators=gens([i]))[0]
+    for i in alone_at:
+        alone = generate(target, drafter, [prompts[i]], config, generators=gens([i]))[0]
         assert alone.output_ids == batched[i]
     assert len({tuple(b) for b in batched}) == len(batched)
 

@@ -179,7 +179,7 @@ def _ok(path, body):
 
 
 def test_closed_loop_keeps_concurrency_and_plays_turns(fake):
-    fake.reply, fake.delay_s = _ok, 0.05
+    fake.reply, fake.delay_s = _ok, 0.2  # long enough for both workers to overlap on a busy machine
     first = [ApiRequest(f"{i}:0", [i + 1], 2) for i in range(6)]
     seen = []
 

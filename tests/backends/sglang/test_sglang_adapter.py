@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from backends.base import BackendError
-from backends.openai.client import ApiRequest, Endpoint, Load
-from backends.sglang.client import generate_body, run_load, spec_usage, stream_generate
+from backends.openai.client import ApiRequest, Endpoint, Load, run_openai_load
+from backends.sglang.client import generate_body, spec_usage, stream_generate
 from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
 FAKE = Path(__file__).resolve().parent / "fake_engine_server.py"
@@ -106,8 +106,8 @@ def test_stream_generate_reads_steps_and_tokens(fake_sglang):
         assert [n for _, n in r.emissions] == [1, 3, 1, 2, 4, 1]
         record = r.record(num_drafts=3)
         assert sorted(record.num_accepted) == [0, 1, 2, 2, 3] and record.num_verified == (3,) * 5
-        responses = run_load(lambda e, q, c, a: stream_generate(e, q, c, a, num_drafts=3), endpoint,
-                             [ApiRequest(f"{i}:0", [i], 8) for i in range(4)], Load(concurrency=2))
+        responses = run_openai_load(endpoint, [ApiRequest(f"{i}:0", [i], 8) for i in range(4)], Load(concurrency=2),
+                                    send=lambda e, q, c, a: stream_generate(e, q, c, a, num_drafts=3))
         assert sorted(x.request.request_id for x in responses) == ["0:0", "1:0", "2:0", "3:0"]
         assert all(x.error is None for x in responses)
         bad = stream_generate(Endpoint(f"http://127.0.0.1:{_port()}"), ApiRequest("x", [1], 4))
