@@ -22,31 +22,18 @@ import dataclasses
 import functools
 import shlex
 from pathlib import Path
-from typing import Any
 
 from backends.base import BackendError, BackendUnavailable, Progress
-from backends.process import ReusedServer
+from backends.server_backend import ServerBackend, installed
 from backends.sglang.server import ADAPTER_OPTIONS, DEFAULT_PORT, server_argv
 from harness import model_refs
 from harness.cells import Cell, CellResult
 
 
-class SGLangBackend:
-    name = "sglang"
+class SGLangBackend(ServerBackend):
+    """`backend_options.sglang`: server flags and the adapter's own keys (see `backends.sglang.server`)."""
 
-    def __init__(self, **options: Any):
-        self.options = dict(options)
-        self.host = str(self.options.get("host") or "127.0.0.1")
-        self.port = int(self.options.get("port", DEFAULT_PORT))
-        self.startup_timeout_s = float(self.options.get("startup_timeout_s", 1200.0))
-        env = self.options.get("env") or []
-        env = [env] if isinstance(env, str) else env
-        bad = [e for e in env if not isinstance(e, str) or "=" not in e]
-        if bad:
-            raise BackendError(f"backend_options.sglang.env entries are NAME=value strings, got {bad}")
-        self.env = dict(e.split("=", 1) for e in env)
-        self._servers = ReusedServer("sglang server")
-        self._tokenizers: dict[str, Any] = {}
+    name, label, default_port, default_startup_timeout_s = "sglang", "SGLang", DEFAULT_PORT, 1200.0
 
     # ------------------------------------------------------------------ protocol
 
@@ -55,78 +42,32 @@ class SGLangBackend:
         python = self.options.get("python")
         if python and not Path(str(python)).exists():
             raise BackendUnavailable(f"backend_options.sglang.python {python!r} does not exist")
-        if not python:
-            import importlib.util
-
-            spec = importlib.util.find_spec("sglang")  # origin None: a same-named directory, not the package
-            if spec is None or spec.origin is None:
-                raise BackendUnavailable("sglang is not installed in this interpreter (it has no CPU build); "
-                                         "set backend_options.sglang.python to an interpreter that has it")
+        if not python and not installed("sglang"):
+            raise BackendUnavailable("sglang is not installed in this interpreter (it has no CPU build); "
+                                     "set backend_options.sglang.python to an interpreter that has it")
         for text in (cell.target.path, cell.drafter.checkpoint):
             if text is not None:
                 missing = model_refs.missing_files(model_refs.resolve(text), ())
                 if missing:
                     raise BackendError(f"{text!r}: {missing[0]} does not exist")
 
-    def server_command(self, cell: Cell) -> list[str] | None:
+    def server_argv(self, cell: Cell) -> list[str]:
         return server_argv(cell, self.options)
 
     def run_cell(self, cell: Cell, progress: Progress | None = None) -> CellResult:
         from backends.openai.client import Endpoint
 
         self.check(cell)
-        argv = server_argv(cell, self.options)
-        server = self._ensure_server(argv)
-        endpoint = Endpoint(f"http://{self.host}:{self.port}", timeout_s=float(self.options.get("timeout_s", 600.0)))
-        provenance = {"backend_version": f"sglang/{server_version(endpoint)}", "server_argv": shlex.join(argv),
-                      "device": "cuda"}
-        try:
-            result = run_cell_native(endpoint, cell, progress, tokenizer=self._tokenizer(cell.target.path),
-                                     provenance=provenance)
-            server.check_alive()
-        except Exception as exc:  # noqa: BLE001 — keep what the server said with whatever went wrong
-            if not server.running:
-                self._stop()
-            raise BackendError(f"SGLang cell failed: {type(exc).__name__}: {exc}{_tail(server)}") from exc
-        if any(r.record.failed for r in result.requests):
-            result.log = server.log_tail()
-        return result
+        argv = self.server_argv(cell)
 
-    def close(self) -> None:
-        self._stop()
-        self._tokenizers.clear()
+        def measure(server) -> CellResult:
+            endpoint = Endpoint(self.base_url, timeout_s=self.timeout_s)
+            provenance = {"backend_version": f"sglang/{server_version(endpoint)}", "server_argv": shlex.join(argv),
+                          "device": "cuda"}
+            return run_cell_native(endpoint, cell, progress, tokenizer=self._tokenizer(cell.target.path),
+                                   provenance=provenance)
 
-    # ------------------------------------------------------------------ server
-
-    def _ensure_server(self, argv: list[str]):
-        """The running server for `argv`, reused when the previous cell had the same one."""
-        from backends.process import ServerError
-
-        try:
-            return self._servers.ensure(argv, f"http://{self.host}:{self.port}/health", env=self.env,
-                                        startup_timeout_s=self.startup_timeout_s, log_path=self.options.get("log_path"))
-        except ServerError as exc:
-            raise BackendError(f"SGLang server did not start ({shlex.join(argv)}): {exc}") from None
-
-    @property
-    def _server(self):
-        """The server process now running for this backend, if any."""
-        return self._servers.process
-
-    def _stop(self) -> None:
-        self._servers.stop()
-
-    def _tokenizer(self, text: str):
-        if text not in self._tokenizers:
-            from transformers import AutoTokenizer
-
-            self._tokenizers[text] = AutoTokenizer.from_pretrained(model_refs.resolve(text).location)
-        return self._tokenizers[text]
-
-
-def _tail(server) -> str:
-    tail = server.log_tail() if server is not None else ""
-    return f"\n--- SGLang server log (tail) ---\n{tail}" if tail else ""
+        return self.run_on_server(argv, measure)
 
 
 def server_version(endpoint) -> str:

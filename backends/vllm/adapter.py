@@ -25,16 +25,14 @@ whole process group (the API server, its engine core and workers).
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from backends.base import BackendError, BackendUnavailable, Progress
-from backends.process import ReusedServer
 from backends.openai.metrics import per_request_usage  # vLLM's per-request block → our spec extension
+from backends.server_backend import ServerBackend, installed
 from backends.vllm.server import ADAPTER_OPTIONS, DEFAULT_PORT, draft_location, server_argv, speculative_config
 from harness import model_refs
 from harness.cells import Cell, CellResult
@@ -42,25 +40,10 @@ from harness.cells import Cell, CellResult
 EXPORT_TIMEOUT_S = 600.0
 
 
-class VLLMBackend:
-    name = "vllm"
+class VLLMBackend(ServerBackend):
+    """`backend_options.vllm`: server flags and the adapter's own keys (see `backends.vllm.server`)."""
 
-    def __init__(self, **options: Any):
-        """`options`: the suite's `backend_options.vllm` (server flags and the adapter's own keys, see
-        `backends.vllm.server`)."""
-        self.options = dict(options)
-        self.host = str(self.options.get("host") or "127.0.0.1")
-        self.port = int(self.options.get("port", DEFAULT_PORT))
-        self.startup_timeout_s = float(self.options.get("startup_timeout_s", 900.0))
-        env = self.options.get("env") or []
-        if isinstance(env, str):
-            env = [env]
-        bad = [e for e in env if not isinstance(e, str) or "=" not in e]
-        if bad:
-            raise BackendError(f"backend_options.vllm.env entries are NAME=value strings, got {bad}")
-        self.env = dict(e.split("=", 1) for e in env)
-        self._servers = ReusedServer("vllm server")
-        self._tokenizers: dict[str, Any] = {}
+    name, label, default_port = "vllm", "vLLM", DEFAULT_PORT
 
     # ------------------------------------------------------------------ protocol
 
@@ -77,7 +60,7 @@ class VLLMBackend:
         if missing:
             raise BackendError(missing)
 
-    def server_command(self, cell: Cell) -> list[str] | None:
+    def server_argv(self, cell: Cell) -> list[str]:
         return server_argv(cell, self.options)
 
     def run_cell(self, cell: Cell, progress: Progress | None = None) -> CellResult:
@@ -86,12 +69,11 @@ class VLLMBackend:
 
         self.check(cell)
         draft = self._export(cell)
-        argv = server_argv(cell, self.options)
-        server = self._ensure_server(argv)
-        # return_token_ids: each chunk carries its token ids (exact counts, and outputs the audit compares)
-        endpoint = Endpoint(f"http://{self.host}:{self.port}", timeout_s=float(self.options.get("timeout_s", 600.0)),
-                            extra_body={"return_token_ids": True})
-        try:
+        argv = self.server_argv(cell)
+
+        def measure(server) -> CellResult:
+            # return_token_ids: each chunk carries its token ids (exact counts, and outputs the audit compares)
+            endpoint = Endpoint(self.base_url, timeout_s=self.timeout_s, extra_body={"return_token_ids": True})
             endpoint = Endpoint(endpoint.base_url, served_model(endpoint), timeout_s=endpoint.timeout_s,
                                 extra_body=endpoint.extra_body)
             provenance = {
@@ -101,42 +83,12 @@ class VLLMBackend:
             }
             if draft is not None:
                 provenance["vllm_draft"] = draft
-            result = run_cell_at(endpoint, cell, progress, tokenizer=self._tokenizer(cell.target.path),
-                                 scrape_metrics=True, provenance=provenance)
-            server.check_alive()
-        except BackendError as exc:
-            raise BackendError(f"{exc}{_tail(server)}") from None
-        except Exception as exc:  # noqa: BLE001 — any failure of the cell: keep what the server said
-            if not server.running:
-                self._stop()
-            raise BackendError(f"vLLM cell failed: {type(exc).__name__}: {exc}{_tail(server)}") from exc
-        if any(r.record.failed for r in result.requests):
-            result.log = server.log_tail()
-        return result
+            return run_cell_at(endpoint, cell, progress, tokenizer=self._tokenizer(cell.target.path),
+                               scrape_metrics=True, provenance=provenance)
 
-    def close(self) -> None:
-        self._stop()
-        self._tokenizers.clear()
+        return self.run_on_server(argv, measure)
 
-    # ------------------------------------------------------------------ server and draft
-
-    def _ensure_server(self, argv: list[str]):
-        """The running server for `argv`, reused when the previous cell had the same one."""
-        from backends.process import ServerError
-
-        try:
-            return self._servers.ensure(argv, f"http://{self.host}:{self.port}/health", env=self.env,
-                                        startup_timeout_s=self.startup_timeout_s, log_path=self.options.get("log_path"))
-        except ServerError as exc:
-            raise BackendError(f"vLLM server did not start ({shlex.join(argv)}): {exc}") from None
-
-    @property
-    def _server(self):
-        """The server process now running for this backend, if any."""
-        return self._servers.process
-
-    def _stop(self) -> None:
-        self._servers.stop()
+    # ------------------------------------------------------------------ draft
 
     def _export(self, cell: Cell) -> str | None:
         """Export a draft of ours into vLLM's layout once (content-addressed); returns the vLLM draft dir."""
@@ -158,25 +110,6 @@ class VLLMBackend:
         if done.returncode != 0:
             raise BackendError(f"cannot export {source} for vLLM: {(done.stderr or done.stdout).strip()}")
         return draft
-
-    def _tokenizer(self, text: str):
-        if text not in self._tokenizers:
-            from transformers import AutoTokenizer
-
-            self._tokenizers[text] = AutoTokenizer.from_pretrained(model_refs.resolve(text).location)
-        return self._tokenizers[text]
-
-
-def installed(name: str) -> bool:
-    """Whether `name` is an installed package here (a directory that merely shares its name, seen as a
-    namespace package — tests/backends/vllm when tests/backends is on sys.path — does not count)."""
-    spec = importlib.util.find_spec(name)
-    return spec is not None and spec.origin is not None
-
-
-def _tail(server) -> str:
-    tail = server.log_tail() if server is not None else ""
-    return f"\n--- vLLM server log (tail) ---\n{tail}" if tail else ""
 
 
 def _has_cuda() -> bool:
