@@ -16,7 +16,9 @@ GET /health, /v1/models, /version, /metrics (Prometheus text: vLLM's spec-decode
 
 Extensions of the OpenAI schema: each choice carries `token_ids` (the first streamed chunk also
 `prompt_token_ids`); `usage` carries the request's speculative steps — `spec_num_drafts` (γ),
-`spec_verify_ct`, `spec_verified_per_step`, `spec_accepted_per_step` — in the final chunk of a stream
+`spec_verify_ct`, `spec_verified_per_step`, `spec_accepted_per_step`, and with a confidence head
+`spec_confidence_logits_per_step` (the raw logit of each verified draft, so calibration is measured
+through the server too) — in the final chunk of a stream
 (with `stream_options.include_usage`) or the response. Not supported (400): n > 1, best_of > 1, echo,
 top_p ≠ 1, penalties, string `stop`; `stop_token_ids` and `ignore_eos` (vLLM's) are. The engine computes
 no logprobs: asked for, they list the tokens with `logprob: null`. A streamed request whose client goes away
@@ -354,10 +356,13 @@ class _Text:
 
 def _usage(prompt_tokens: int, done: Completed) -> dict[str, Any]:
     c = done.counters
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": len(done.output_ids),
-            "total_tokens": prompt_tokens + len(done.output_ids), "spec_num_drafts": c.num_drafts,
-            "spec_verify_ct": c.num_steps, "spec_verified_per_step": list(c.num_verified),
-            "spec_accepted_per_step": list(c.num_accepted)}
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(done.output_ids),
+             "total_tokens": prompt_tokens + len(done.output_ids), "spec_num_drafts": c.num_drafts,
+             "spec_verify_ct": c.num_steps, "spec_verified_per_step": list(c.num_verified),
+             "spec_accepted_per_step": list(c.num_accepted)}
+    if c.confidence_logits and len(c.confidence_logits) == c.num_steps:  # drafts with a confidence head
+        usage["spec_confidence_logits_per_step"] = [list(step) for step in c.confidence_logits]
+    return usage
 
 
 def _logprobs(tokenizer, ids: list[int], chat: bool, offset: int) -> dict[str, Any]:

@@ -141,10 +141,11 @@ class StreamedResponse:
     def record(self, num_drafts: int = 0) -> RequestRecord:
         """The harness record; per-step verify counts from the response's spec extension when it has them
         (`backends.openai.metrics.per_request_steps`), else none."""
-        from backends.openai.metrics import per_request_steps
+        from backends.openai.metrics import per_request_confidences, per_request_steps
 
         steps = per_request_steps(self.usage, num_drafts) if self.error is None else None
         gamma, verified, accepted = steps if steps is not None else (num_drafts, (), ())
+        confidences = per_request_confidences(self.usage, verified) if steps is not None else ()
         times = [t for t, n in self.emissions for _ in range(n)]
         error = self.error
         if error is None and not times:
@@ -157,7 +158,7 @@ class StreamedResponse:
             request_id=self.request.request_id, prompt_tokens=prompt_tokens, output_tokens=len(times),
             arrival_s=self.arrival_s, first_token_s=times[0] if times else None, finish_s=max(finish, self.arrival_s),
             token_times_s=tuple(times), num_drafts=gamma, num_verified=verified, num_accepted=accepted,
-            finish_reason=reason, error=error,
+            confidence_logits=confidences, finish_reason=reason, error=error,
         )
 
 

@@ -196,6 +196,19 @@ def per_request_steps(usage: Mapping[str, Any], num_drafts: int) -> tuple[int, t
     return gamma, tuple(verified), tuple(accepted)
 
 
+def per_request_confidences(usage: Mapping[str, Any], verified: tuple[int, ...]) -> tuple[tuple[float, ...], ...]:
+    """The raw confidence logit of every verified draft, per step, from the usage extension
+    `spec_confidence_logits_per_step` (our server, for drafts with a confidence head); () when absent or
+    not shaped like `verified` (then the request has no calibration data)."""
+    steps = usage.get("spec_confidence_logits_per_step")
+    if not isinstance(steps, list) or len(steps) != len(verified):
+        return ()
+    if not all(isinstance(row, list) and len(row) == v and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                                for x in row) for row, v in zip(steps, verified)):
+        return ()
+    return tuple(tuple(float(x) for x in row) for row in steps)
+
+
 def per_request_usage(metrics: Any) -> dict[str, Any] | None:
     """vLLM's per-request acceptance — the top-level `metrics` of a response, whose `speculative_decoding`
     block vLLM ≥ 0.32 fills with `--per-request-spec-decode-metrics` — as the `spec_*` usage extension

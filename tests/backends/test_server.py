@@ -106,6 +106,10 @@ def test_openai_cell_equals_inhouse_with_agreeing_acceptance_sources(server, inh
         assert g.output_ids == w.output_ids and g.prompt_ids == w.prompt_ids, key  # greedy: identical outputs
         assert g.warmup == w.warmup and not g.record.failed
         assert (g.record.num_verified, g.record.num_accepted) == (w.record.num_verified, w.record.num_accepted), key
+        # calibration data too (float noise only: the server batched the requests differently)
+        assert [len(c) for c in g.record.confidence_logits] == list(g.record.num_verified), key
+        for got_step, want_step in zip(g.record.confidence_logits, w.record.confidence_logits):
+            assert got_step == pytest.approx(want_step, abs=1e-5), key
         assert _emission_counts(g.record) == _emission_counts(w.record), key  # one chunk per engine step
         assert g.record.finish_reason == w.record.finish_reason
 
@@ -113,8 +117,9 @@ def test_openai_cell_equals_inhouse_with_agreeing_acceptance_sources(server, inh
     prometheus = SpecCounts.from_dict(json.loads(remote.provenance["prometheus_spec_decode"]))
     assert prometheus == SpecCounts.from_records(_measured(remote)) == SpecCounts.from_records(_measured(local))
     assert prometheus.drafts > 0 and prometheus.accepted > 0
-    for name in ("acceptance_length", "accepted_per_step", "draft_acceptance_rate", "position_acceptance_conditional_k2"):
-        assert remote.metrics.value(name) == pytest.approx(local.metrics.value(name)), name
+    for name in ("acceptance_length", "accepted_per_step", "draft_acceptance_rate", "position_acceptance_conditional_k2",
+                 "ece_raw"):
+        assert remote.metrics.value(name) == pytest.approx(local.metrics.value(name), abs=1e-5), name
     assert prometheus.metrics(3)["acceptance_length"].value == pytest.approx(local.metrics.value("acceptance_length"))
     assert remote.metrics.value("throughput") > 0 and remote.metrics.value("ttft_p50") > 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.openai.metrics import SpecCounts, parse_prometheus, per_request_steps
+from backends.openai.metrics import SpecCounts, parse_prometheus, per_request_confidences, per_request_steps
 from harness.metrics import RequestRecord, summarise
 from harness.metrics.window import MeasurementWindow
 
@@ -76,3 +76,13 @@ def test_per_request_steps_from_usage():
     assert per_request_steps({"completion_tokens": 4}, 3) is None
     assert per_request_steps(usage | {"spec_verify_ct": 3}, 3) is None  # inconsistent
     assert per_request_steps(usage | {"spec_accepted_per_step": [2, 2]}, 3) is None  # accepted > verified
+
+
+def test_per_request_confidences_must_match_the_verified_shape():
+    usage = {"spec_confidence_logits_per_step": [[0.5, -1.0, 2], [1.5]]}
+    assert per_request_confidences(usage, (3, 1)) == ((0.5, -1.0, 2.0), (1.5,))
+    assert per_request_confidences(usage, (3, 2)) == ()  # a step with another count
+    assert per_request_confidences(usage, (3,)) == ()  # another number of steps
+    assert per_request_confidences({"spec_confidence_logits_per_step": [["x"]]}, (1,)) == ()
+    assert per_request_confidences({"spec_confidence_logits_per_step": [[True]]}, (1,)) == ()
+    assert per_request_confidences({}, (1,)) == ()
