@@ -4,10 +4,11 @@ Two checks per speculative cell (drafter, γ, policy, load as in the suite):
 
 1. Greedy: the cell at temperature 0 and plain decoding at temperature 0 on the same prompts must
    produce the same tokens, request by request; the first divergence is reported.
-2. Sampled (backends that can score tokens with the target, i.e. expose its next-token
-   distribution): every token the speculative cell emits at temperature T (the cell's, or 1 for
+2. Sampled: every token the speculative cell emits at temperature T (the cell's, or 1 for
    greedy cells) gets a randomised probability integral transform u = F(x⁻) + V·p(x) under the
-   target's own distribution p(·|prefix) at T, tokens ordered by descending probability. Tokens that
+   target's own distribution p(·|prefix) at T (from the backend's `score_tokens`; a server backend,
+   whose API exposes at most a top-k of logprobs, is scored with the target loaded here through Hugging
+   Face — another engine's float noise is far below what the test can see), tokens ordered by descending probability. Tokens that
    follow p exactly give u i.i.d. uniform on [0, 1) — whatever the prefix, by the chain rule — so a χ²
    test of u over equal-width bins tests the whole output distribution at once, with every emitted
    token as a sample. Ordering by probability makes the test most sensitive to the usual failure of a
@@ -98,6 +99,26 @@ def chi_square_uniform(values: Sequence[float], num_bins: int = NUM_BINS) -> tup
     return stat, p
 
 
+class LocalScorer:
+    """`score_tokens` for backends that cannot score (servers): the target loaded in this process, as the
+    in-house backend loads it (a local directory, or a hub id when online)."""
+
+    def __init__(self) -> None:
+        self._backend = None
+
+    def __call__(self, cell: Cell, prompt_ids, output_ids, temperature: float):
+        if self._backend is None:
+            from backends.inhouse.adapter import InhouseBackend
+
+            self._backend = InhouseBackend()
+        return self._backend.score_tokens(dataclasses.replace(cell, backend="inhouse"), prompt_ids, output_ids,
+                                          temperature)
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+
+
 def run_audit(suite_path, only: Sequence[str] = (), samples: int | None = None, out=None) -> int:
     from backends.base import get_backend
     from harness.runner import load_cells
@@ -109,6 +130,7 @@ def run_audit(suite_path, only: Sequence[str] = (), samples: int | None = None, 
         print("no speculative cells to audit", file=out)
         return 0
     backends: dict[str, object] = {}
+    scorer = LocalScorer()
     plain_cache: dict[str, dict[str, tuple[int, ...]]] = {}
     findings: list[AuditFinding] = []
     try:
@@ -116,20 +138,23 @@ def run_audit(suite_path, only: Sequence[str] = (), samples: int | None = None, 
             if cell.backend not in backends:
                 backends[cell.backend] = get_backend(cell.backend, **dict(suite.backend_options.get(cell.backend, {})))
             backend = backends[cell.backend]
-            findings += audit_cell(backend, cell, plain_cache, samples)
+            findings += audit_cell(backend, cell, plain_cache, samples, scorer)
             for f in findings[-2:]:
                 status = "skip" if f.passed is None else ("ok" if f.passed else "FAIL")
                 print(f"{status:4s} {f.check:7s} {f.cell.label()}: {f.detail}", file=out, flush=True)
     finally:
         for backend in backends.values():
             backend.close()
+        scorer.close()
     failed = [f for f in findings if f.passed is False]
     print(f"audit: {len(findings) - len(failed)} checks passed or skipped, {len(failed)} failed", file=out)
     return 1 if failed else 0
 
 
-def audit_cell(backend, cell: Cell, plain_cache: dict, samples: int | None) -> list[AuditFinding]:
-    """Both checks for one speculative cell; plain runs are shared between cells with the same requests."""
+def audit_cell(backend, cell: Cell, plain_cache: dict, samples: int | None,
+               scorer: LocalScorer | None = None) -> list[AuditFinding]:
+    """Both checks for one speculative cell; plain runs are shared between cells with the same requests.
+    `scorer` scores the tokens of a backend without `score_tokens` (None: such cells skip the sampled check)."""
     def outputs(c: Cell) -> dict[str, tuple[int, ...]]:
         result = backend.run_cell(c)
         return {r.prompt_key: r.output_ids for r in result.requests}
@@ -141,7 +166,7 @@ def audit_cell(backend, cell: Cell, plain_cache: dict, samples: int | None) -> l
     found = [AuditFinding(cell, "greedy", ok, detail)]
 
     temperature = cell.task.temperature if cell.task.temperature > 0 else 1.0
-    score = getattr(backend, "score_tokens", None)
+    score = getattr(backend, "score_tokens", None) or scorer
     if score is None:
         found.append(AuditFinding(cell, "sampled", None, f"backend {cell.backend!r} cannot score tokens with the target"))
         return found
@@ -152,7 +177,7 @@ def audit_cell(backend, cell: Cell, plain_cache: dict, samples: int | None) -> l
     rng = random.Random(int(cell.cell_id, 16))
     values: list[float] = []
     for r in result.requests:
-        if not r.output_ids:
+        if not r.output_ids or not r.prompt_ids:  # nothing emitted, or a chat request whose prompt ids are unknown
             continue
         probs = score(sampled, r.prompt_ids, r.output_ids, temperature)  # [len(output), vocab]
         values += pit_values(probs, r.output_ids, [rng.random() for _ in r.output_ids])

@@ -185,6 +185,22 @@ def test_api_surface(server):
     assert SpecCounts.from_text(text).steps > 0 and "vllm:request_success_total" in text
 
 
+def test_audit_through_the_server_scores_its_tokens_with_a_local_target(server):
+    """`harness audit` on an OpenAI-compatible backend: the greedy check, and the sampled χ² check with the
+    server's tokens scored by the target loaded here (the server exposes no full distributions)."""
+    from backends.openai.adapter import OpenAIBackend
+    from harness.audit import LocalScorer, audit_cell
+
+    scorer = LocalScorer()
+    try:
+        findings = audit_cell(OpenAIBackend(base_url=server.url + "/v1"), _cell(n=6, max_new=24, warmup=0), {}, None,
+                              scorer)
+    finally:
+        scorer.close()
+    assert [(f.check, f.passed) for f in findings] == [("greedy", True), ("sampled", True)], findings
+    assert "tokens, χ²=" in findings[1].detail
+
+
 def test_a_streaming_client_that_leaves_is_aborted(server):
     """The client reads one chunk of a long generation and hangs up: the engine drops the request (its slot
     is free, /metrics counts finished_reason="abort") rather than generating to max_tokens."""
