@@ -295,15 +295,18 @@ class CostAwareScheduler(_Calibrated):
     (`observe_outcomes`: drafts verified and accepted per request) it keeps, per draft position j, how
     often verification reached j (all drafts before it accepted) and how often j was then accepted; the
     counts decay by 1 − 1/`window` every step, drafted or not, so old evidence fades. With the acceptance
-    rate q_j = (accepted + ½) / (reached + 1), drafting g tokens and verifying them all is expected to emit
+    rate q_j = (accepted + w·q_{j−1}) / (reached + w) (w = `prior_weight`, q_0 = ½: a rarely reached deep
+    position borrows the estimate of the one before it), drafting g tokens and verifying them all is expected to emit
     R·(1 + Σ_{j≤g} Π_{i≤j} q_i) tokens in draft_seconds(R, g) + verify_seconds(R, g + 1); g = 0 is plain
     decoding, R tokens in verify_seconds(R, 1). The plan is the g of highest expected tokens per second,
     ties to the smaller g, and drafting must beat plain decoding by `margin` (a fraction): the largest of
     several noisy estimates is optimistic, and near break-even a wrong "draft" costs more than a wrong
     "plain". Realised acceptance, not confidences, drives the plan: it needs no calibration and works for
     drafters without a confidence head.
-    Exploration: estimates of positions that are not drafted never move, so on the first step and every
-    `explore_every` steps the plan is made with optimistic rates (accepted + o) / (reached + 1), o =
+    Exploration: estimates of positions that are not drafted never move, so on the first step, on steps 1, 2,
+    4, … (the first `cold_explorations` powers of two: a cold start's first outcomes are few and often
+    untypical, the first tokens of an answer) and every `explore_every` steps the plan is made with
+    optimistic rates (accepted + o) / (reached + 1), o =
     `optimism`: as if the next trial succeeded with a high but plausible acceptance (an unseen position
     counts as o). Where drafting could not pay even then (a large batch), the optimistic plan still drafts
     nothing, so exploring costs nothing there; after a long stretch without drafts the decayed counts make
@@ -343,6 +346,8 @@ class CostAwareScheduler(_Calibrated):
         early_stop: bool = False,
         learn_costs: bool = True,
         cost_window: float = 16.0,
+        prior_weight: float = 2.0,
+        cold_explorations: int = 4,
     ) -> None:
         super().__init__(temperatures, calibrator)
         if window < 1 or explore_every < 1 or margin < 0 or not 0 < optimism <= 1 or cost_window < 1:
@@ -351,6 +356,10 @@ class CostAwareScheduler(_Calibrated):
         self.costs, self.window, self.explore_every = costs, float(window), explore_every
         self.margin, self.optimism, self.early_stop = margin, optimism, early_stop
         self.learn_costs, self.cost_window = learn_costs, float(cost_window)
+        if prior_weight <= 0:
+            raise ValueError(f"need prior_weight > 0, got {prior_weight}")
+        self.prior_weight = float(prior_weight)
+        self._cold_explorations = frozenset(1 << k for k in range(max(cold_explorations, 0)))
         self.reset()
 
     def reset(self) -> None:
@@ -371,11 +380,22 @@ class CostAwareScheduler(_Calibrated):
         self.cost_factors[kind] = math.exp((1 - weight) * math.log(self.cost_factors[kind]) + weight * math.log(ratio))
 
     def acceptance_rates(self, num_drafts: int, optimistic: bool = False) -> list[float]:
-        """q_j, j = 1 … num_drafts: P(draft j accepted | drafts 1 … j−1 accepted); prior ½ of weight 1, or
-        with `optimistic` prior `optimism` (as if the next trial succeeded with that probability)."""
-        prior = self.optimism if optimistic else 0.5
-        return [(self.accepts[j] + prior) / (self.trials[j] + 1.0) if j < len(self.trials) else prior
-                for j in range(num_drafts)]
+        """q_j, j = 1 … num_drafts: P(draft j accepted | drafts 1 … j−1 accepted). Each position's counts are
+        shrunk toward the estimate of the position before it (½ for the first), with the weight of
+        `prior_weight` trials: deep positions are reached rarely, and one early rejection there must not
+        read as "never accepted" (acceptance changes slowly with depth, so the shallower estimate is the
+        natural guess). With `optimistic`, the prior is `optimism` with the weight of one trial, as if the
+        next trial succeeded with that probability."""
+        rates, prior = [], 0.5
+        for j in range(num_drafts):
+            trials, accepts = (self.trials[j], self.accepts[j]) if j < len(self.trials) else (0.0, 0.0)
+            if optimistic:
+                q = (accepts + self.optimism) / (trials + 1.0)
+            else:
+                q = (accepts + self.prior_weight * prior) / (trials + self.prior_weight)
+                prior = q
+            rates.append(q)
+        return rates
 
     def expected_throughput(self, num_rows: int, num_drafts: int, optimistic: bool = False) -> list[float]:
         """Planned tokens per second for drafting g = 0 … num_drafts tokens and verifying them all."""
@@ -390,7 +410,8 @@ class CostAwareScheduler(_Calibrated):
 
     def draft_length(self, step: DraftStep) -> int:
         gamma, num_rows = step.num_drafts, len(step.rows)
-        explore = self.num_plans % self.explore_every == 0
+        n = self.num_plans
+        explore = n % self.explore_every == 0 or n in self._cold_explorations
         g = 0
         if num_rows > 0 and gamma > 0:
             theta = self.expected_throughput(num_rows, gamma, optimistic=explore)

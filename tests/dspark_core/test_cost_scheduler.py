@@ -152,19 +152,22 @@ def test_first_plan_is_optimistic_and_drafts_only_where_it_could_pay():
 
 
 def test_plan_from_observed_acceptance():
-    policy = CostAwareScheduler(PAYS_WHEN_IDLE, window=1e12, explore_every=100)
+    policy = CostAwareScheduler(PAYS_WHEN_IDLE, window=1e12, explore_every=100, cold_explorations=0)
     assert isinstance(policy, DraftLengthPolicy)
     policy.draft_length(step_of(8, 3))  # the optimistic first plan
     outcomes(policy, [3] * 8, [3, 3, 3, 3, 2, 2, 1, 0])
-    # Position 1 reached 8 times, accepted 7; position 2: 7, 6; position 3: 6, 4 → q = 7.5/9, 6.5/8, 4.5/7.
-    q = [7.5 / 9, 6.5 / 8, 4.5 / 7]
+    # Position 1 reached 8 times, accepted 7; position 2: 7, 6; position 3: 6, 4. Each shrunk toward the one
+    # before (½ for the first) with the weight of 2 trials: q1 = (7 + 1)/10, q2 = (6 + 2 q1)/9, q3 = (4 + 2 q2)/8.
+    q1 = 8 / 10
+    q2 = (6 + 2 * q1) / 9
+    q = [q1, q2, (4 + 2 * q2) / 8]
     assert policy.acceptance_rates(3) == pytest.approx(q)
     assert policy.acceptance_rates(4, optimistic=True) == pytest.approx([7.9 / 9, 6.9 / 8, 4.9 / 7, 0.9])
     gain = np.cumsum(np.cumprod(q))
     assert policy.expected_throughput(1, 3) == pytest.approx(
         [1.0, (1 + gain[0]) / 1.2, (1 + gain[1]) / 1.3, (1 + gain[2]) / 1.4])
-    assert policy.draft_length(step_of(1, 3)) == 3  # one request: Θ = 1, 1.53, 1.93, 2.10
-    assert policy.draft_length(step_of(8, 3)) == 0  # eight: plain 8/2 = 4 beats 1.96, 2.23, 2.24
+    assert policy.draft_length(step_of(1, 3)) == 3  # one request: Θ = 1, 1.53, 1.94, 2.13
+    assert policy.draft_length(step_of(8, 3)) == 0  # eight: plain 8/2 = 4 beats 1.96, 2.24, 2.27
     assert policy.draft_length(step_of(8, 0)) == 0
 
 
@@ -174,10 +177,10 @@ BORDERLINE = table((1,), verify=[[1.04, 1.4, 1.5, 1.6]], draft=[[0.2] * 3])
 
 
 def test_drafting_must_beat_plain_by_the_margin():
-    # Per request: plain 1/1.0; one draft, always accepted so far (q = 10.5/11), 1.95/1.9 = 1.03: 3% better.
-    costs = table((1,), verify=[[1.0, 1.6]], draft=[[0.3]])
-    for margin, plan in ((0.05, 0), (0.02, 1)):
-        policy = CostAwareScheduler(costs, window=1e12, explore_every=100, margin=margin)
+    # Per request: plain 1/1.0; one draft, always accepted so far (q = (10 + 1)/12), 1.917/1.8 = 1.065: 6.5% better.
+    costs = table((1,), verify=[[1.0, 1.5]], draft=[[0.3]])
+    for margin, plan in ((0.08, 0), (0.05, 1)):
+        policy = CostAwareScheduler(costs, window=1e12, explore_every=100, margin=margin, cold_explorations=0)
         policy.draft_length(step_of(1, 1))
         outcomes(policy, [1] * 10, [1] * 10)
         assert policy.draft_length(step_of(1, 1)) == plan
@@ -190,7 +193,8 @@ def test_step_wall_times_correct_the_table_price_of_drafting():
     costs = table((1,), verify=[[1.0, 1.6]], draft=[[0.3]])
 
     def trained(learn_costs=True) -> CostAwareScheduler:
-        policy = CostAwareScheduler(costs, window=1e12, explore_every=100, cost_window=2, learn_costs=learn_costs)
+        policy = CostAwareScheduler(costs, window=1e12, explore_every=100, cost_window=2, learn_costs=learn_costs,
+                                    cold_explorations=0)
         policy.draft_length(step_of(1, 1))
         outcomes(policy, [1] * 10, [1] * 10)
         return policy
@@ -256,11 +260,15 @@ def test_reported_step_times_leave_out_the_hand_over_of_parked_positions(qwen3_t
 
 
 def test_exploration_plans_optimistically_every_explore_every_steps():
-    policy = CostAwareScheduler(BORDERLINE, window=1e12, explore_every=4)
+    policy = CostAwareScheduler(BORDERLINE, window=1e12, explore_every=4, cold_explorations=0)
     assert policy.draft_length(step_of(8, 3)) == 3  # nothing observed: optimistic
     outcomes(policy, [3] * 8, [1, 1, 1, 1, 0, 0, 0, 0])
-    assert policy.acceptance_rates(3) == pytest.approx([0.5, 0.1, 0.5])
+    assert policy.acceptance_rates(3) == pytest.approx([0.5, 1 / 6, 1 / 6])  # (4 + 1)/10, (0 + 1)/6, (0 + 1/3)/2
     assert [policy.draft_length(step_of(8, 3)) for _ in range(8)] == [0, 0, 0, 2, 0, 0, 0, 2]
+    cold = CostAwareScheduler(BORDERLINE, window=1e12, explore_every=100)  # default: also on plans 1, 2, 4, 8
+    cold.draft_length(step_of(8, 3))
+    outcomes(cold, [3] * 8, [1, 1, 1, 1, 0, 0, 0, 0])
+    assert [cold.draft_length(step_of(8, 3)) > 0 for _ in range(1, 17)] == [n in (1, 2, 4, 8) for n in range(1, 17)]
 
 
 def test_outcome_counts_decay_by_step():
@@ -271,11 +279,15 @@ def test_outcome_counts_decay_by_step():
     # Position 1: 0.5·1 + 2 = 2.5 reached, 0.5·1 + 1 = 1.5 accepted; position 2: 0.5 + 1, 0.5 + 0; position 3
     # was verified but never reached (draft 2 was rejected first).
     assert policy.trials == pytest.approx([2.5, 1.5, 0.0]) and policy.accepts == pytest.approx([1.5, 0.5, 0.0])
-    assert policy.acceptance_rates(3) == pytest.approx([2.0 / 3.5, 1.0 / 2.5, 0.5])
+    q1 = (1.5 + 2 * 0.5) / (2.5 + 2)
+    q2 = (0.5 + 2 * q1) / (1.5 + 2)
+    assert policy.acceptance_rates(3) == pytest.approx([q1, q2, q2])  # position 3 unreached: position 2's estimate
     outcomes(policy, [0, 0], [0, 0])  # a step with nothing verified adds nothing
     assert policy.trials == pytest.approx([2.5, 1.5, 0.0])
     policy.reset()
     assert policy.trials == [] and policy.acceptance_rates(2) == [0.5, 0.5]
+    with pytest.raises(ValueError, match="prior_weight"):
+        CostAwareScheduler(PAYS_WHEN_IDLE, prior_weight=0)
 
 
 # Fill, for one request (R = 1), draft paid: Θ_w = (1 + Σ_{j≤w} a_j) / (0.5 + V(w + 1)), V = 1, 1.5, 2, 2.5.

@@ -40,6 +40,15 @@ def fake():
                 script.seen.append((self.path, body, dict(self.headers)))
                 script.in_flight += 1
                 script.max_in_flight = max(script.max_in_flight, script.in_flight)
+            finished = False
+
+            def finish() -> None:  # before the last bytes go out: a client may send its next request at once
+                nonlocal finished
+                if not finished:
+                    finished = True
+                    with script.lock:
+                        script.in_flight -= 1
+
             try:
                 time.sleep(script.delay_s)
                 status, events = script.reply(self.path, body)
@@ -48,6 +57,7 @@ def fake():
                     self.send_response(status)
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
+                    finish()
                     self.wfile.write(data)
                     return
                 self.send_response(200)
@@ -55,13 +65,14 @@ def fake():
                 self.send_header("Connection", "close")
                 self.end_headers()
                 self.close_connection = True
-                for event in events:
+                for i, event in enumerate(events):
                     payload = event if isinstance(event, str) else json.dumps(event)
+                    if i == len(events) - 1:
+                        finish()
                     self.wfile.write(f"data: {payload}\n\n".encode())
                     self.wfile.flush()
             finally:
-                with script.lock:
-                    script.in_flight -= 1
+                finish()
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
@@ -179,7 +190,7 @@ def _ok(path, body):
 
 
 def test_closed_loop_keeps_concurrency_and_plays_turns(fake):
-    fake.reply, fake.delay_s = _ok, 0.2  # long enough for both workers to overlap on a busy machine
+    fake.reply, fake.delay_s = _ok, 0.1
     first = [ApiRequest(f"{i}:0", [i + 1], 2) for i in range(6)]
     seen = []
 
