@@ -308,8 +308,9 @@ class CostAwareScheduler(_Calibrated):
     untypical, the first tokens of an answer) and every `explore_every` steps the plan is made with
     optimistic rates (accepted + o) / (reached + 1), o =
     `optimism`: as if the next trial succeeded with a high but plausible acceptance (an unseen position
-    counts as o). Where drafting could not pay even then (a large batch), the optimistic plan still drafts
-    nothing, so exploring costs nothing there; after a long stretch without drafts the decayed counts make
+    counts as o). It must beat plain decoding by the margin too: a later plan needs that margin on rates
+    no higher than these, so a trial below it could not change a plan. Where drafting could not pay even
+    then (a large batch, or a tie), the optimistic plan drafts nothing, so exploring costs nothing there; after a long stretch without drafts the decayed counts make
     it try again.
 
     Fill (`__call__`, after the drafts): every drafted token is verified (the plan already sized the draft
@@ -416,7 +417,9 @@ class CostAwareScheduler(_Calibrated):
         if num_rows > 0 and gamma > 0:
             theta = self.expected_throughput(num_rows, gamma, optimistic=explore)
             g = max(range(1, gamma + 1), key=lambda i: (theta[i], -i))
-            if theta[g] <= theta[0] * (1.0 if explore else 1.0 + self.margin):
+            # The margin applies to exploring too: a later plan drafts only past the margin, on rates no higher
+            # than the optimistic ones, so a trial that could not reach it would teach nothing worth its price.
+            if theta[g] <= theta[0] * (1.0 + self.margin):
                 g = 0
         keep = 1.0 - 1.0 / self.window  # one step older, drafted or not
         self.trials = [keep * n for n in self.trials]
