@@ -27,8 +27,9 @@ again, up to `max_retries` times, then recorded as failed with the reason. Ray's
 so attempts are counted here (`CellRun.attempts`). A cell that no node of the cluster could ever hold
 (more GPUs than any node has) fails at once instead of waiting forever.
 
-Stopping. Ctrl-C or SIGTERM raises `Interrupted` in the driver's loop; `close()` then cancels what is
-still queued or running (`ray.cancel(force=True)`) and shuts Ray down if this executor started it.
+Stopping. Ctrl-C or SIGTERM raises `Interrupted` in the driver's loop; `close()` then shuts Ray down if
+this executor started it (its workers go with it), or else cancels what is still queued or running on the
+cluster (`ray.cancel(force=True)`).
 Finished cells are recorded already; `--resume RUN_ID` runs the rest, on Ray or locally.
 """
 
@@ -141,7 +142,11 @@ class RayExecutor:
             import ray
         except ImportError:
             return
-        if ray.is_initialized():
+        # A cluster this executor started goes down whole with ray.shutdown() (its workers with it). Cancelling
+        # its tasks one by one first only invites a race inside Ray (a force-cancel whose task's reply is in
+        # flight aborts the driver: "Tried to complete task that was not pending"), so only a cluster that
+        # outlives this run gets its tasks cancelled.
+        if ray.is_initialized() and not self._started:
             for ref in list(self._pending):
                 try:
                     ray.cancel(ref, force=True)
