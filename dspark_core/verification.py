@@ -49,6 +49,39 @@ def draw_verify_uniforms(generators: list[torch.Generator], num_drafts: Tensor) 
     return accept, sample
 
 
+@dataclass
+class _Layout:
+    """Where each draft of a flattened batch sits (see the module docstring): its request, its position in
+    that request's drafts and its target row; shared by the general and the greedy rule."""
+
+    cu_num_drafts: Tensor  # [R + 1]
+    num_drafts: Tensor  # [R]
+    request_of_draft: Tensor  # [total_drafts]
+    local_pos: Tensor  # [total_drafts]
+    target_row_of_draft: Tensor  # [total_drafts]
+
+    @classmethod
+    def of(cls, cu_num_drafts: Tensor, total_drafts: int) -> "_Layout":
+        device = cu_num_drafts.device
+        num_drafts = cu_num_drafts[1:] - cu_num_drafts[:-1]
+        request_of_draft = torch.repeat_interleave(torch.arange(num_drafts.numel(), device=device), num_drafts)
+        start = cu_num_drafts[:-1][request_of_draft]
+        local_pos = torch.arange(total_drafts, device=device) - start
+        return cls(cu_num_drafts, num_drafts, request_of_draft, local_pos, start + request_of_draft + local_pos)
+
+    def num_accepted(self, accepted: Tensor) -> Tensor:
+        """[R] accepted count: the local index of each request's first rejected draft, or n_r if none."""
+        first_reject = torch.where(accepted, self.num_drafts[self.request_of_draft], self.local_pos)
+        counts = self.num_drafts.clone()
+        counts.scatter_reduce_(0, self.request_of_draft, first_reject, reduce="amin", include_self=True)
+        return counts
+
+    def final_target_row(self, num_accepted: Tensor) -> Tensor:
+        """[R] the target row after each request's accepted drafts (recovered or bonus token)."""
+        arange = torch.arange(self.num_drafts.numel(), device=num_accepted.device)
+        return self.cu_num_drafts[:-1] + arange + num_accepted
+
+
 def rejection_sample(
     target_logits: Tensor,  # [total_drafts + R, vocab]
     draft_token_ids: Tensor,  # [total_drafts] long
@@ -58,16 +91,10 @@ def rejection_sample(
     accept_uniforms: Tensor,  # [total_drafts] in [0, 1)
     sample_uniforms: Tensor,  # [R] in [0, 1)
 ) -> VerifyOutput:
-    device = target_logits.device
-    num_requests = cu_num_drafts.numel() - 1
-    num_drafts = cu_num_drafts[1:] - cu_num_drafts[:-1]  # [R]
-    total_drafts = draft_token_ids.numel()
-    request_of_draft = torch.repeat_interleave(torch.arange(num_requests, device=device), num_drafts)
-    local_pos = torch.arange(total_drafts, device=device) - cu_num_drafts[:-1][request_of_draft]
-    target_row_of_draft = cu_num_drafts[:-1][request_of_draft] + request_of_draft + local_pos
-
+    layout = _Layout.of(cu_num_drafts, draft_token_ids.numel())
+    num_drafts = layout.num_drafts
     target_probs = logits_to_probs(target_logits, _per_target_row(temperatures, num_drafts))
-    p_target = target_probs[target_row_of_draft, :].gather(1, draft_token_ids[:, None]).squeeze(1)
+    p_target = target_probs[layout.target_row_of_draft, :].gather(1, draft_token_ids[:, None]).squeeze(1)
     if draft_probs is None:
         p_draft = torch.ones_like(p_target)
     else:
@@ -75,13 +102,8 @@ def rejection_sample(
     # u < p_t / p_d, written without the division; q >= p means always accept.
     accepted = accept_uniforms * p_draft < p_target  # [total_drafts]
 
-    # Accepted count = local index of the first rejection, or n_r if none.
-    first_reject = torch.where(accepted, num_drafts[request_of_draft], local_pos)
-    num_accepted = num_drafts.clone()
-    num_accepted.scatter_reduce_(0, request_of_draft, first_reject, reduce="amin", include_self=True)
-
-    final_target_row = cu_num_drafts[:-1] + torch.arange(num_requests, device=device) + num_accepted
-    final_probs = target_probs[final_target_row]  # [R, vocab]
+    num_accepted = layout.num_accepted(accepted)
+    final_probs = target_probs[layout.final_target_row(num_accepted)]  # [R, vocab]
     rejected = num_accepted < num_drafts
     if bool(rejected.any()):
         rejected_draft_row = (cu_num_drafts[:-1] + num_accepted)[rejected]
@@ -103,18 +125,10 @@ def rejection_sample_greedy(target_logits: Tensor, draft_token_ids: Tensor, cu_n
     and the next token is the argmax after the last accepted draft. The same result as the general path
     with one-hot p_t (u·p_d < 1 exactly when p_t(x) = 1; the residual of a one-hot is that one-hot),
     without a softmax or one-hot over the vocabulary. Twin of `rejection.rejection_greedy_sample_triton`."""
-    device = target_logits.device
-    num_requests = cu_num_drafts.numel() - 1
-    num_drafts = cu_num_drafts[1:] - cu_num_drafts[:-1]
+    layout = _Layout.of(cu_num_drafts, draft_token_ids.numel())
     argmax = target_logits.argmax(-1)  # [total_drafts + R]
-    request_of_draft = torch.repeat_interleave(torch.arange(num_requests, device=device), num_drafts)
-    local_pos = torch.arange(draft_token_ids.numel(), device=device) - cu_num_drafts[:-1][request_of_draft]
-    matches = draft_token_ids == argmax[cu_num_drafts[:-1][request_of_draft] + request_of_draft + local_pos]
-    first_reject = torch.where(matches, num_drafts[request_of_draft], local_pos)
-    num_accepted = num_drafts.clone()
-    num_accepted.scatter_reduce_(0, request_of_draft, first_reject, reduce="amin", include_self=True)
-    final_row = cu_num_drafts[:-1] + torch.arange(num_requests, device=device) + num_accepted
-    return VerifyOutput(num_accepted=num_accepted, next_token_ids=argmax[final_row])
+    num_accepted = layout.num_accepted(draft_token_ids == argmax[layout.target_row_of_draft])
+    return VerifyOutput(num_accepted=num_accepted, next_token_ids=argmax[layout.final_target_row(num_accepted)])
 
 
 def verify(
