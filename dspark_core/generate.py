@@ -157,6 +157,9 @@ class BatchState:
     last_draft_length: int = 0  # tokens drafted per row by the last speculative step (0: no draft forward)
     has_confidences: bool | None = None  # whether the drafter's proposals carry confidences (None: none seen yet)
     pending: PendingObservations | None = None  # held back from the drafter (allocated on first use)
+    # Prompts held back from the drafter (a planning policy may never draft for them): slot → (tokens [L],
+    # target features [L, F]); handed over before the slot's pending positions, by `hand_over_pending`.
+    deferred_prompts: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
 
 def new_batch_state(target: TargetModel, drafter: Drafter, num_slots: int, capacity: int) -> BatchState:
@@ -176,6 +179,8 @@ def release_slots(state: BatchState, drafter: Drafter, rows: Tensor) -> None:
     state.target_cache.lengths[rows] = 0
     if state.pending is not None:
         state.pending.count[rows] = 0
+    for row in rows.tolist():
+        state.deferred_prompts.pop(row, None)
     drafter.reset(state.draft_state, rows)
 
 
@@ -202,7 +207,8 @@ def generate(
     counters = [RequestCounters(num_drafts) for _ in range(num)]
     finish: list[str | None] = [None] * num
 
-    first = prefill(target, drafter, state, rows, prompts, temperatures, list(generators))
+    first = prefill(target, drafter, state, rows, prompts, temperatures, list(generators),
+                    defer_drafter=num_drafts > 0 and isinstance(policy, DraftLengthPolicy))
     for i, token in enumerate(first.tolist()):
         finish[i] = emit(outputs[i], [token], config.max_new_tokens, config.stop_token_ids)
 
@@ -234,8 +240,14 @@ def prefill(
     prompts: Sequence[Sequence[int]],
     temperatures: Tensor,
     generators: list[torch.Generator],
+    defer_drafter: bool = False,
 ) -> Tensor:
-    """Run the prompts, sample each first token from the target (a zero-draft verify), commit it."""
+    """Run the prompts, sample each first token from the target (a zero-draft verify), commit it.
+
+    `defer_drafter` (a policy that plans draft lengths, and may plan none for these requests): the drafter
+    gets the prompts at the first step that drafts for them, not now; under a load where drafting does not
+    pay that is never, and the draft model's pass over every prompt (≈ 15% of a prefill on the embedded
+    default) is not paid at all."""
     device = target.device
     lengths = torch.tensor([len(p) for p in prompts], device=device)
     if bool((lengths == 0).any()):
@@ -250,7 +262,11 @@ def prefill(
     else:
         out = target.forward(state.target_cache, rows, padded, lengths)
         last_logits = out.logits[torch.arange(len(prompts), device=device), lengths - 1]  # [R, vocab]
-    drafter.observe(state.draft_state, rows, padded, out.features, lengths)
+    if defer_drafter:
+        for i, (row, n) in enumerate(zip(rows.tolist(), lengths.tolist())):
+            state.deferred_prompts[row] = (padded[i, :n].clone(), out.features[i, :n].clone())
+    else:
+        drafter.observe(state.draft_state, rows, padded, out.features, lengths)
     no_drafts = torch.zeros(len(prompts) + 1, dtype=torch.long, device=device)
     first = verify(last_logits, no_drafts[:0], no_drafts, None, temperatures, generators).next_token_ids
     state.token_ids[rows, : padded.shape[1]] = padded
@@ -373,7 +389,19 @@ def hold_back(drafter: Drafter, state: BatchState, rows: Tensor, token_ids: Tens
 
 
 def hand_over_pending(drafter: Drafter, state: BatchState, rows: Tensor) -> None:
-    """`observe` every position held back for slots `rows`, in one batched call."""
+    """`observe` every position held back for slots `rows`: deferred prompts first, then the positions parked by
+    steps without drafts, each in one batched call."""
+    deferred = [row for row in rows.tolist() if row in state.deferred_prompts] if state.deferred_prompts else []
+    if deferred:
+        prompts = [state.deferred_prompts.pop(row) for row in deferred]
+        lengths = torch.tensor([len(t) for t, _ in prompts], device=rows.device)
+        width = int(lengths.max())
+        token_ids = torch.zeros(len(prompts), width, dtype=torch.long, device=rows.device)
+        features = prompts[0][1].new_zeros((len(prompts), width, prompts[0][1].shape[-1]))
+        for i, (t, f) in enumerate(prompts):
+            token_ids[i, : len(t)] = t
+            features[i, : len(t)] = f
+        drafter.observe(state.draft_state, torch.tensor(deferred, device=rows.device), token_ids, features, lengths)
     pending = state.pending
     if pending is None:
         return

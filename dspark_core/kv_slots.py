@@ -8,7 +8,8 @@ A forward over slots `rows` needs each layer's keys/values as one [R, kv_heads, 
 tensor. When `rows` is a contiguous ascending range (an engine whose slots are all busy) that tensor is
 a *view* of the slots: the new positions are written at [past, past + new), past every row's own
 length (so over nothing it holds), and `append` then moves them behind each row's length. Any other
-`rows` costs one gather copy (`attention_buffers`).
+`rows` costs one gather copy (`attention_buffers`), unless the forward runs over the range that covers them,
+idle slots included (`covering_range`): a few holes cost less compute than the copy.
 """
 
 from __future__ import annotations
@@ -89,6 +90,33 @@ class KVSlots:
         if bool((lengths > self.lengths[rows]).any()):
             raise ValueError("rollback cannot grow a slot")
         self.lengths[rows] = lengths
+
+
+MAX_HOLE_FRACTION = 0.5  # idle slots a covering range may hold, per requested row
+
+
+def covering_range(lengths: Tensor, rows: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The contiguous slot range to run a forward over instead of `rows`, when that is the cheaper way.
+
+    `rows` with holes (slots freed by finished requests, or not in this step) would cost one gather copy of
+    every layer's cached keys/values per forward (`attention_buffers`); a forward over the whole range
+    [rows[0], rows[-1]] reads them in place and pays instead for the idle slots' rows of compute. That wins
+    while the holes are few (at most `MAX_HOLE_FRACTION` of the rows: on the embedded default a decode step
+    over 63 of 64 slots took 23 ms with the gather and 16 ms without) and no idle slot holds a longer context
+    than the rows do (its positions would lengthen every row's attention). Returns (range [S] long, where each
+    row sits in it [R] long), or None: `rows` is already contiguous, unsorted, or better gathered.
+    """
+    n = rows.numel()
+    if n < 2:
+        return None
+    first, last = int(rows[0]), int(rows[-1])
+    size = last - first + 1
+    if size == n or size - n > MAX_HOLE_FRACTION * n or not bool((rows[1:] > rows[:-1]).all()):
+        return None
+    span = torch.arange(first, last + 1, device=rows.device)
+    if int(lengths[span].max()) > int(lengths[rows].max()):
+        return None
+    return span, rows - first
 
 
 def row_span(rows: Tensor) -> slice | None:

@@ -323,8 +323,10 @@ class CostAwareScheduler(_Calibrated):
 
     Learned prices (`observe_step_seconds`, on by default): the engine reports each planned step's wall time
     and the scheduler keeps, for plain steps and for drafting steps apart, the factor by which the table is
-    off (a running geometric mean over about `cost_window` steps, each observation clipped to ×/÷ 4 so a
-    stall does not swing it). A table measured under other load, threads or context lengths is thus corrected
+    off (a geometric mean over about the last `cost_window` steps of that kind, each observation clipped to
+    ×/÷ 4 so a stall does not swing it). It is a decayed mean, not an average pulled from 1: drafting steps
+    are rare under load, and one that cost 1.4× its price must not be read as 1.02× for the next dozen
+    (on the embedded default at c = 64 that made the scheduler draft at 0.8× plain throughput). A table measured under other load, threads or context lengths is thus corrected
     by the steps it prices; only the ratio of the two factors changes a plan.
 
     Losslessness: the plan is a function of the step counter, R, the cost table, the wall times and outcomes
@@ -369,6 +371,8 @@ class CostAwareScheduler(_Calibrated):
         self.accepts: list[float] = []  # [j] … of which accepted it
         self.num_plans = 0
         self.cost_factors = [1.0, 1.0]  # measured / table seconds: [plain steps, drafting steps]
+        self._log_ratio_sum = [0.0, 0.0]  # decayed Σ log(measured / table) per kind, and its decayed count:
+        self._ratio_weight = [0.0, 0.0]  # their ratio is a mean, so the first step observed counts in full
 
     def observe_step_seconds(self, num_rows: int, draft_length: int, width: int, seconds: float) -> None:
         """A step this scheduler planned took `seconds`: R rows, g tokens drafted each, a verify block W wide."""
@@ -377,8 +381,10 @@ class CostAwareScheduler(_Calibrated):
         priced = self.costs.verify_seconds(num_rows, width) + self.costs.draft_seconds(num_rows, draft_length)
         ratio = min(max(seconds / priced, 0.25), 4.0)
         kind = int(draft_length > 0)
-        weight = 1.0 / self.cost_window
-        self.cost_factors[kind] = math.exp((1 - weight) * math.log(self.cost_factors[kind]) + weight * math.log(ratio))
+        keep = 1.0 - 1.0 / self.cost_window
+        self._log_ratio_sum[kind] = keep * self._log_ratio_sum[kind] + math.log(ratio)
+        self._ratio_weight[kind] = keep * self._ratio_weight[kind] + 1.0
+        self.cost_factors[kind] = math.exp(self._log_ratio_sum[kind] / self._ratio_weight[kind])
 
     def acceptance_rates(self, num_drafts: int, optimistic: bool = False) -> list[float]:
         """q_j, j = 1 … num_drafts: P(draft j accepted | drafts 1 … j−1 accepted). Each position's counts are

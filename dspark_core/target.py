@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from dspark_core import kernels
-from dspark_core.kv_slots import KVSlots
+from dspark_core.kv_slots import KVSlots, covering_range
 from dspark_core.sdpa_gqa import ATTN_IMPLEMENTATION as SDPA_GQA, use_sdpa_gqa
 
 try:  # transformers >= 4.56: caches are lists of layers
@@ -140,6 +140,9 @@ class TargetModel:
         computes logits only there (a prefill needs one per prompt, not one per prompt token): the
         returned logits are then [num_rows, k, vocab]. Features always cover every position.
         """
+        cover = covering_range(cache.lengths, rows) if _DynamicLayer is not None else None
+        if cover is not None:
+            return self._forward_covering(cache, cover, token_ids, num_new, logits_at)
         num_rows, max_new = token_ids.shape
         past_lengths = cache.lengths[rows]  # [num_rows]
         cache.check_room(rows, num_new)
@@ -179,6 +182,23 @@ class TargetModel:
                 logits = logits[torch.arange(num_rows, device=logits.device)[:, None], logits_at]
         return TargetOutput(logits=logits, features=features)
 
+    def _forward_covering(
+        self, cache: KVSlots, cover: tuple[Tensor, Tensor], token_ids: Tensor, num_new: Tensor, logits_at: Tensor | None
+    ) -> TargetOutput:
+        """`forward` over the slot range that covers the rows (`covering_range`): the idle slots in it take no
+        new positions (num_new 0, so nothing is appended to them) and their outputs are dropped."""
+        span, at = cover
+        padded = token_ids.new_zeros((len(span), token_ids.shape[1]))
+        padded[at] = token_ids
+        span_new = num_new.new_zeros(len(span))
+        span_new[at] = num_new
+        span_logits_at = None
+        if logits_at is not None:
+            span_logits_at = logits_at.new_zeros((len(span), logits_at.shape[1]))
+            span_logits_at[at] = logits_at
+        out = self.forward(cache, span, padded, span_new, logits_at=span_logits_at)
+        return TargetOutput(logits=out.logits[at], features=out.features[at])
+
     def _hf_cache(self, cache: KVSlots, rows: Tensor, max_past: int, buffers):
         from transformers import DynamicCache
 
@@ -200,7 +220,10 @@ class TargetModel:
         if getattr(self.config, "_attn_implementation", None) not in ("sdpa", SDPA_GQA):
             return torch.cat([past_valid, new_valid], dim=1).long()
         causal = arange_new[None, :] <= arange_new[:, None]  # [max_new (query), max_new (key)]
-        new_part = causal[None, :, :] & new_valid[:, None, :]  # [R, max_new, max_new]
+        # Every query also sees itself: a padded one, or one of an idle slot (`_forward_covering`: nothing cached,
+        # nothing new), would otherwise see no key at all and SDPA would fill its row, ignored anyway, with NaN.
+        diagonal = arange_new[None, :] == arange_new[:, None]
+        new_part = (causal[None, :, :] & new_valid[:, None, :]) | diagonal[None, :, :]  # [R, max_new, max_new]
         past_part = past_valid[:, None, :].expand(-1, max_new, -1)  # [R, max_new, max_past]
         return torch.cat([past_part, new_part], dim=2)[:, None]
 

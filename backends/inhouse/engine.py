@@ -24,8 +24,8 @@ import torch
 
 from dspark_core.calibration import OnlineCalibrator
 from dspark_core.drafters.base import Drafter
-from dspark_core.generate import (RequestCounters, VerifyPolicy, emit, new_batch_state, prefill, release_slots,
-                                  speculative_step)
+from dspark_core.generate import (DraftLengthPolicy, RequestCounters, VerifyPolicy, emit, new_batch_state, prefill,
+                                  release_slots, speculative_step)
 from dspark_core.target import TargetModel
 
 
@@ -206,6 +206,7 @@ class Engine:
         first = prefill(
             self.target, self.drafter, self.state, rows, [r.prompt_ids for _, r in admitted],
             torch.tensor([r.temperature for _, r in admitted], device=device), [s.generator for s in slots],
+            defer_drafter=self.num_drafts > 0 and isinstance(self.policy, DraftLengthPolicy),
         )
         now = self.clock()
         done = []
@@ -221,6 +222,9 @@ class Engine:
     def _finish(self, row: int, reason: str, now: float) -> Completed:
         slot = self.slots.pop(row)
         heapq.heappush(self.free, row)
+        # Emptied now, not at its next admission: an idle slot that still held its context would stop the
+        # target and drafter from running over the slot range around it (kv_slots.covering_range).
+        release_slots(self.state, self.drafter, torch.tensor([row], device=self.target.device))
         return Completed(
             slot.request, slot.output, reason, slot.counters, slot.arrival_s, slot.first_token_s, now, slot.emissions
         )

@@ -22,7 +22,7 @@ from dspark_core.drafters.config import DraftConfig
 from dspark_core.drafters.heads import SEQUENTIAL_HEADS, ConfidenceHead
 from dspark_core.drafters.layers import TargetFedDraft
 from dspark_core.kernels import draft_block
-from dspark_core.kv_slots import KVSlots
+from dspark_core.kv_slots import KVSlots, covering_range
 
 
 class DSparkModel(TargetFedDraft):
@@ -122,17 +122,13 @@ class DSparkDrafter:
         positions = state.lengths[rows][:, None] + torch.arange(features.shape[1], device=self.device)[None, :]
         state.append(rows, self.model.context_kv(self.model.fuse(features), positions), num_new)
 
-    @torch.no_grad()
-    def propose(self, state: KVSlots, step: DraftStep) -> DraftProposal:
-        rows, n = step.rows, step.num_drafts
+    def _backbone(self, state: KVSlots, rows: Tensor, anchor_ids: Tensor, n: int) -> Tensor:
+        """The draft backbone over the block [anchor, mask …] of each slot in `rows`, after its context."""
         num_rows = len(rows)
-        anchor_pos = step.anchor_positions
-        ctx_len = state.lengths[rows]
-        if bool((ctx_len != anchor_pos).any()):
-            raise RuntimeError("drafter context out of step with committed tokens: observe() was missed")
         block_ids = torch.full((num_rows, n), self.config.mask_token_id, dtype=torch.long, device=self.device)
-        block_ids[:, 0] = step.anchor_ids
-        positions = anchor_pos[:, None] + torch.arange(n, device=self.device)[None, :]
+        block_ids[:, 0] = anchor_ids
+        ctx_len = state.lengths[rows]
+        positions = ctx_len[:, None] + torch.arange(n, device=self.device)[None, :]  # the anchor sits at ctx_len
         max_ctx = int(ctx_len.max()) if num_rows else 0
         ctx_valid = state.valid_mask(rows, max_ctx)  # [R, max_ctx]
         attn_mask = torch.cat(
@@ -142,7 +138,23 @@ class DSparkDrafter:
         # The context keys/values in place (views of the slots when `rows` is a contiguous range), the block's
         # own written behind the longest context, where no slot holds a committed position.
         buffers = state.attention_buffers(rows, max_ctx, max_ctx + n)
-        h = self.model.backbone(block_ids, positions, buffers, attn_mask, scratch_at=max_ctx)  # [R, n, hidden]
+        return self.model.backbone(block_ids, positions, buffers, attn_mask, scratch_at=max_ctx)
+
+    @torch.no_grad()
+    def propose(self, state: KVSlots, step: DraftStep) -> DraftProposal:
+        rows, n = step.rows, step.num_drafts
+        if bool((state.lengths[rows] != step.anchor_positions).any()):
+            raise RuntimeError("drafter context out of step with committed tokens: observe() was missed")
+        # Rows with a few holes run over the slot range that covers them (idle slots' rows computed, then
+        # dropped) rather than gathering a copy of every layer's context (kv_slots.covering_range).
+        cover = covering_range(state.lengths, rows)
+        run_rows, at = cover if cover is not None else (rows, None)
+        anchors = step.anchor_ids
+        if at is not None:
+            anchors = anchors.new_zeros(len(run_rows)).index_copy_(0, at, anchors)
+        h = self._backbone(state, run_rows, anchors, n)  # [R (or the covering range), n, hidden]
+        if at is not None:
+            h = h[at]
 
         uniforms = draw_uniforms(step.generators, n, self.device)  # [R, n]
         # The sequential head: Triton on CUDA (kernels/markov_draft.py), else DSparkModel.sample_block.

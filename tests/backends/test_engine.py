@@ -213,6 +213,35 @@ def test_active_slots_stay_contiguous(qwen3_target, prompts, monkeypatch):
     assert len(seen) > len(full)
 
 
+def test_a_finished_request_empties_its_slot_at_once(qwen3_target, prompts, monkeypatch):
+    """Idle slots hold nothing (target and drafter), so a step over rows with holes runs over the slot range
+    around them in place (`kv_slots.covering_range`) instead of gathering a copy; outputs stay exact."""
+    import backends.inhouse.engine as engine_module
+    import dspark_core.target as target_module
+
+    drafter = _dspark(qwen3_target)
+    engine = Engine(qwen3_target, drafter, EngineConfig(num_slots=4, max_context=64, num_drafts=3))
+    idle_lengths, covered = [], []
+    real_step, real_cover = engine_module.speculative_step, target_module.covering_range
+
+    def step(target, drafter_, state, rows, *a, **kw):
+        idle = [r for r in range(4) if r not in rows.tolist()]
+        idle_lengths.extend(int(state.target_cache.lengths[r]) + int(state.draft_state.lengths[r]) for r in idle)
+        return real_step(target, drafter_, state, rows, *a, **kw)
+
+    monkeypatch.setattr(engine_module, "speculative_step", step)
+    monkeypatch.setattr(target_module, "covering_range",
+                        lambda lengths, rows: covered.append(real_cover(lengths, rows)) or covered[-1])
+    requests = _requests(prompts, 0.0, max_new=(20, 3, 20, 20))  # slot 1 frees early, nothing waits to fill it
+    done = {c.request.request_id: c for c in engine.run_to_completion(requests[:4])}
+    for req in requests[:4]:
+        config = GenerationConfig(max_new_tokens=req.max_new_tokens, num_drafts=3)
+        (solo,) = generate(qwen3_target, drafter, [req.prompt_ids], config)
+        assert done[req.request_id].output_ids == solo.output_ids
+    assert idle_lengths and set(idle_lengths) == {0}
+    assert any(c is not None for c in covered)
+
+
 def test_abort_frees_a_slot_or_drops_a_waiting_request(qwen3_target, prompts):
     engine = Engine(qwen3_target, NoDrafter(), EngineConfig(num_slots=1, max_context=64))
     engine.submit(Request("a", prompts[0], max_new_tokens=20))

@@ -190,7 +190,8 @@ def test_drafting_must_beat_plain_by_the_margin():
 def test_step_wall_times_correct_the_table_price_of_drafting():
     """The same borderline-losing table (draft 1: 1.95/1.9 against plain 1/1.0 per request, 5% margin): once the
     engine reports drafting steps at half their table price it drafts; plain steps reported at twice theirs
-    work the same way. One stall (×100) moves a factor by at most ×4^(1/cost_window); learn_costs=False ignores."""
+    work the same way. The first step of a kind sets its factor in full (a decayed mean, not an average pulled
+    from 1); later, one stall (×100) moves a factor by at most ×4^(1/cost_window); learn_costs=False ignores."""
     costs = table((1,), verify=[[1.0, 1.6]], draft=[[0.3]])
 
     def trained(learn_costs=True) -> CostAwareScheduler:
@@ -211,8 +212,13 @@ def test_step_wall_times_correct_the_table_price_of_drafting():
         policy.observe_step_seconds(1, 0, 1, 2.0)
     assert policy.draft_length(step_of(1, 1)) == 1
     policy = trained()
+    policy.observe_step_seconds(1, 1, 2, 0.95)
+    assert policy.cost_factors[1] == pytest.approx(0.5) and policy.draft_length(step_of(1, 1)) == 1  # one is enough
+    policy = trained()
+    for _ in range(20):
+        policy.observe_step_seconds(1, 0, 1, 1.0)
     policy.observe_step_seconds(1, 0, 1, 100.0)
-    assert policy.cost_factors[0] == pytest.approx(2.0)  # clipped to ×4, half weight (cost_window 2)
+    assert policy.cost_factors[0] == pytest.approx(2.0, rel=1e-4)  # clipped to ×4, weight 1 of 2 (cost_window 2)
     policy = trained(learn_costs=False)
     for _ in range(8):
         policy.observe_step_seconds(1, 1, 2, 0.95)
@@ -487,6 +493,35 @@ def test_the_drafter_observes_held_back_positions_before_it_drafts(qwen3_target:
         assert all(c[0] == "observe" and set(c[1]) == {1} for c in handed_over), handed_over
     steps = max(r.counters.num_steps for r in results)
     assert len(calls) - len(proposes) < 1 + steps  # fewer observes than prefill + one per step
+
+
+class NeverDrafts(CostAwareScheduler):
+    """Test double: plans no draft, ever (a load where drafting never pays)."""
+
+    def draft_length(self, step: DraftStep) -> int:
+        super().draft_length(step)
+        return 0
+
+
+def test_a_planning_policy_defers_the_prompts_to_the_first_draft(qwen3_target: TargetModel):
+    """With a policy that plans draft lengths the prefill does not hand the prompts to the drafter: a request
+    that is never drafted for never costs a draft forward over its prompt, and one that is gets its prompt
+    observed (before its parked positions) just before its first draft."""
+    config = GenerationConfig(max_new_tokens=12, num_drafts=3)
+    plain = [r.output_ids for r in generate(qwen3_target, NoDrafter(), GREEDY_PROMPTS, config)]
+    for policy, drafts in ((NeverDrafts(PAYS_WHEN_IDLE), False), (EveryFourth(PAYS_WHEN_IDLE), True)):
+        drafter = dspark_with_random_confidence(qwen3_target, conf_scale=0.5)
+        calls = []
+        real_observe, real_propose = drafter.observe, drafter.propose
+        drafter.observe = lambda state, rows, ids, feats, num_new: (calls.append(("observe", num_new.tolist()))
+                                                                   or real_observe(state, rows, ids, feats, num_new))
+        drafter.propose = lambda state, step: calls.append(("propose",)) or real_propose(state, step)
+        results = generate(qwen3_target, drafter, GREEDY_PROMPTS, config, policy=policy)
+        assert [r.output_ids for r in results] == plain
+        if not drafts:
+            assert calls == []
+        else:  # step 1 drafts: the prompts go over just before it (the prefill's token is its anchor)
+            assert calls[0] == ("observe", [len(p) for p in GREEDY_PROMPTS]) and calls[1] == ("propose",)
 
 
 @pytest.mark.parametrize("early_stop", [False, True], ids=["verify-all", "early-stop"])

@@ -2,8 +2,9 @@
 
 - Logits at chosen positions only (`logits_at`, what a prefill asks for) equal those positions of the full
   logits.
-- KV slots read in place (contiguous rows), gathered (any other rows) or through the old concatenating
-  cache path (too little room behind the longest row) all give the same logits, features and slots.
+- KV slots read in place (contiguous rows), read in place over the range that covers rows with a few holes
+  (idle slots computed and dropped), gathered (any other rows) or through the old concatenating cache path
+  (too little room behind the longest row) all give the same logits, features and slots.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 import dspark_core.target as target_module
-from dspark_core.kv_slots import row_span
+import dspark_core.kv_slots as kv_slots
+from dspark_core.kv_slots import covering_range, row_span
 from dspark_core.target import TargetModel
 
 
@@ -27,6 +29,16 @@ def test_row_span():
     assert row_span(torch.tensor([5])) == slice(5, 6)
     assert row_span(torch.tensor([0, 2, 1])) is None and row_span(torch.tensor([0, 2])) is None
     assert row_span(torch.tensor([], dtype=torch.long)) is None
+
+
+def test_covering_range():
+    lengths = torch.tensor([5, 0, 7, 6, 9, 4])
+    span, at = covering_range(lengths, torch.tensor([0, 2, 3]))
+    assert span.tolist() == [0, 1, 2, 3] and at.tolist() == [0, 2, 3]
+    assert covering_range(lengths, torch.tensor([0, 1, 2])) is None  # contiguous: a view already
+    assert covering_range(lengths, torch.tensor([2, 0, 3])) is None  # unsorted
+    assert covering_range(lengths, torch.tensor([0, 3])) is None  # 2 holes for 2 rows: gather
+    assert covering_range(lengths, torch.tensor([2, 3, 5])) is None  # idle slot 4 holds a longer context
 
 
 def test_logits_at_selected_positions(qwen3_target: TargetModel):
@@ -63,7 +75,8 @@ def _run(target: TargetModel, capacity: int, order: list[list[int]]):
     return outs, cache
 
 
-@pytest.mark.parametrize("order", [[[0, 1, 2, 3], [1, 2]], [[3, 0, 2], [2, 0]]], ids=["contiguous", "gathered"])
+@pytest.mark.parametrize("order", [[[0, 1, 2, 3], [1, 2]], [[0, 1, 3], [0, 2, 3]], [[3, 0, 2], [2, 0]]],
+                         ids=["contiguous", "covered", "gathered"])
 def test_in_place_gathered_and_concatenated_paths_agree(qwen3_target: TargetModel, monkeypatch, order):
     fast, fast_cache = _run(qwen3_target, 20, order)
     tight, tight_cache = _run(qwen3_target, 11, order)  # no room behind the longest row for a whole chunk
@@ -90,3 +103,25 @@ def test_eager_attention_gets_the_2d_mask(qwen3_target: TargetModel):
     b = qwen3_target.forward(qwen3_target.new_cache(2, 8), torch.tensor([0, 1]), token_ids, num_new)
     for j, n in enumerate(num_new.tolist()):
         torch.testing.assert_close(a.logits[j, :n], b.logits[j, :n], atol=1e-4, rtol=1e-4)
+
+
+def test_covering_a_freed_slot_matches_the_gather(qwen3_target: TargetModel, monkeypatch):
+    """Rows [0, 2, 3] around a released slot 1 (nothing cached, nothing new): the covering forward computes it,
+    appends nothing to it and drops its row; the rows get what the gather gives them."""
+    def run(max_holes: float):
+        monkeypatch.setattr(kv_slots, "MAX_HOLE_FRACTION", max_holes)
+        cache = qwen3_target.new_cache(4, 20)
+        qwen3_target.forward(cache, torch.arange(4), _tokens(1, (4, 6), qwen3_target.vocab_size), torch.tensor([6, 3, 5, 1]))
+        cache.lengths[1] = 0  # the engine's release_slots
+        rows = torch.tensor([0, 2, 3])
+        out = qwen3_target.forward(cache, rows, _tokens(2, (3, 4), qwen3_target.vocab_size), torch.tensor([4, 1, 2]),
+                                   logits_at=torch.tensor([[3], [0], [1]]))
+        return out, cache
+
+    covered, covered_cache = run(0.5)
+    gathered, gathered_cache = run(0.0)
+    assert torch.isfinite(covered.logits).all() and covered.logits.shape == gathered.logits.shape
+    torch.testing.assert_close(covered.logits, gathered.logits)
+    for j, n in enumerate([4, 1, 2]):
+        torch.testing.assert_close(covered.features[j, :n], gathered.features[j, :n])
+    assert covered_cache.lengths.tolist() == gathered_cache.lengths.tolist() == [10, 0, 6, 3]
