@@ -13,13 +13,14 @@ exactly `concurrency` slots) over first-turn prompts of each task, for every var
 - `adaptive`: `CostAwareScheduler` at γ ≤ 7 over a step-cost table measured first (`profile_step_costs`):
   plans each step's draft length, 0 (no draft forward) included, from observed acceptance.
 
-Throughput (the table) is saturated throughput: over the engine steps that ran with all `concurrency`
-slots busy, output tokens emitted in them (prefill tokens included) over their wall time (prefills
-included). The drain at the end (fewer requests in flight, longest for the variants whose requests finish at
-uneven speeds) is left out, and so is no prefill: every request is admitted in a full step. An earlier
-cut, tokens from the first arrival to the last one, charged a variant for however many of the last
-prefills fell inside it (first turns finish near-together at a token limit, so that was a few or dozens,
-≈ 10 ms each at c = 64): ±15% by chance. `--json` also keeps the whole-window figure (all tokens / first
+Throughput (the table) is loaded throughput: over the engine steps that ran with at least 3/4 of the
+`concurrency` slots busy, output tokens emitted in them (prefill tokens included) over their wall time
+(prefills included). The drain at the end (fewer requests in flight, longest for the variants whose
+requests finish at uneven speeds) is left out, and no prefill is: every request is admitted in a loaded
+step. Two earlier cuts were fragile: tokens from the first arrival to the last one charged a variant for
+however many of the last prefills fell inside it (first turns finish near-together at a token limit, so a
+few or dozens, ≈ 10 ms each at c = 64), and steps with *every* slot busy lost a whole second wave to one
+request that ended at its first token. `--json` also keeps the whole-window figure (all tokens / first
 arrival → last finish). The machine is shared and
 noisy, so variants are interleaved (one run of each per repeat, the order rotating) and every ratio is the
 median over repeats of the ratio *within* a repeat. Torch runs single-threaded (`torch.set_num_threads(1)`):
@@ -102,7 +103,7 @@ class Run:
     repeat: int
     output_tokens: int
     wall_s: float
-    tokens_per_s: float  # saturated: over the steps with every slot busy
+    tokens_per_s: float  # loaded: over the steps with ≥ 3/4 of the slots busy
     window_tokens_per_s: float  # every token over first arrival → last finish
     steps: int
     drafted_steps: int  # steps that ran the draft forward
@@ -125,7 +126,7 @@ def run_variant(emb, variant: str, prompts, concurrency: int, temperature: float
     result = run_load(engine, requests, LoadSpec(concurrency=concurrency))
     tokens = sum(len(c.output_ids) for c in result.measured)
     wall = result.window[1] - result.window[0]
-    steady = saturated_tokens_per_s(result, concurrency)
+    steady = loaded_tokens_per_s(result, concurrency)
     req_steps = sum(c.counters.num_steps for c in result.measured)
     step_tokens = sum(a + 1 for c in result.measured for a in c.counters.num_accepted)
     drafted = sum(1 for s in result.steps if getattr(s, "draft_length", gamma) > 0)
@@ -134,13 +135,13 @@ def run_variant(emb, variant: str, prompts, concurrency: int, temperature: float
                step_tokens / req_steps if req_steps else float("nan"))
 
 
-def saturated_tokens_per_s(result, concurrency: int) -> float:
-    """Tokens emitted in the steps that ran `concurrency` requests, over those steps' wall time (admission and
-    prefill included): the engine's throughput while the load kept it full. An emission is stamped inside the
-    step that made it (`Engine.step`), so it is found by its time."""
+def loaded_tokens_per_s(result, concurrency: int) -> float:
+    """Tokens emitted in the steps that ran at least 3/4 of `concurrency` requests, over those steps' wall time
+    (admission and prefill included): the engine's throughput while the load kept it (nearly) full. An
+    emission is stamped inside the step that made it (`Engine.step`), so it is found by its time."""
     import bisect
 
-    full = [s for s in result.steps if s.batch_size >= concurrency]
+    full = [s for s in result.steps if 4 * s.batch_size >= 3 * concurrency]
     if not full:
         return float("nan")
     starts = [s.start_s for s in full]

@@ -5,9 +5,10 @@ their first token comes from the target, which is their TTFT), then runs one spe
 every active request: each drafts γ tokens (or fewer, or none, if the policy plans so before the
 draft forward), the policy picks each request's verify length, one batched target forward verifies
 all of them, accepted tokens and the bonus are committed and caches roll back to the accepted length.
-Finished requests free their slots at once, so waiting requests join as others finish. Free slots are
-handed out lowest first, so the active slots tend to stay one contiguous range (the target then reads
-its KV slots in place instead of gathering a copy). Nothing here changes what is sampled: the engine
+Finished requests free and empty their slots at once, so waiting requests join as others finish. Free
+slots are handed out lowest first, so the active slots tend to stay one contiguous range, and the holes
+a finished request leaves hold nothing: the target and drafter then read their KV slots in place, over
+the range around the holes, instead of gathering a copy (`kv_slots.covering_range`). Nothing here changes what is sampled: the engine
 only decides *when* a request runs, and the loop's losslessness holds for every interleaving (each
 request draws only from its own generator).
 """
