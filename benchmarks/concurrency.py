@@ -113,7 +113,7 @@ class Run:
 def run_variant(emb, variant: str, prompts, concurrency: int, temperature: float, max_new_tokens: int,
                 sps, costs, drafter: str, repeat: int = 0, task: str = "") -> Run:
     from backends.inhouse.engine import Engine, EngineConfig, Request
-    from backends.inhouse.load import LoadSpec, run_load
+    from backends.inhouse.load import LoadSpec, loaded_tokens_per_s, run_load
     from harness.embedded.evaluate import stop_tokens
 
     gamma, policy = make_policy(variant, emb, sps, temperature, drafter, costs)
@@ -126,32 +126,13 @@ def run_variant(emb, variant: str, prompts, concurrency: int, temperature: float
     result = run_load(engine, requests, LoadSpec(concurrency=concurrency))
     tokens = sum(len(c.output_ids) for c in result.measured)
     wall = result.window[1] - result.window[0]
-    steady = loaded_tokens_per_s(result, concurrency)
+    loaded = loaded_tokens_per_s(result, concurrency)
     req_steps = sum(c.counters.num_steps for c in result.measured)
     step_tokens = sum(a + 1 for c in result.measured for a in c.counters.num_accepted)
     drafted = sum(1 for s in result.steps if getattr(s, "draft_length", gamma) > 0)
-    return Run(task, temperature, concurrency, variant, repeat, tokens, wall, steady,
+    return Run(task, temperature, concurrency, variant, repeat, tokens, wall, loaded,
                tokens / wall if wall > 0 else 0.0, len(result.steps), drafted,
                step_tokens / req_steps if req_steps else float("nan"))
-
-
-def loaded_tokens_per_s(result, concurrency: int) -> float:
-    """Tokens emitted in the steps that ran at least 3/4 of `concurrency` requests, over those steps' wall time
-    (admission and prefill included): the engine's throughput while the load kept it (nearly) full. An
-    emission is stamped inside the step that made it (`Engine.step`), so it is found by its time."""
-    import bisect
-
-    full = [s for s in result.steps if 4 * s.batch_size >= 3 * concurrency]
-    if not full:
-        return float("nan")
-    starts = [s.start_s for s in full]
-    tokens = 0
-    for completed in result.measured:
-        for t, n in completed.emissions:
-            i = bisect.bisect_right(starts, t) - 1
-            if i >= 0 and t <= full[i].end_s:
-                tokens += n
-    return tokens / sum(s.end_s - s.start_s for s in full)
 
 
 def summarise(runs: list[Run], schedulers: Sequence[str]) -> list[dict]:

@@ -9,10 +9,14 @@ the model's own answer, as soon as the previous turn finishes; the conversation 
 Warm-up: the first `warmup` conversations to start are run but marked, and the measurement window
 runs from the first non-warm-up arrival to the last non-warm-up finish; metrics use only what the
 window holds.
+
+`loaded_tokens_per_s` is a closed loop's throughput while the engine was (nearly) full: what a
+benchmark compares variants by, the drain at the end being as long as requests finish unevenly.
 """
 
 from __future__ import annotations
 
+import bisect
 import random
 import time
 from dataclasses import dataclass, field
@@ -109,3 +113,22 @@ def run_load(
     measured = [c for c in completed if c.request.request_id not in warmup_ids]
     window = (min((c.arrival_s for c in measured), default=start), max((c.finish_s for c in measured), default=start))
     return LoadResult(completed, warmup_ids, list(engine.steps), window, conversation_of)
+
+
+def loaded_tokens_per_s(result: LoadResult, concurrency: int) -> float:
+    """Tokens emitted in the steps that ran at least 3/4 of `concurrency` requests, over those steps' wall time
+    (admission and prefill included): a closed loop's throughput while the load kept the engine (nearly) full.
+    The drain at the end is left out (its length depends on how unevenly requests finish, not on the steady
+    rate), but no prefill is, and one request ending early does not end the count. An emission is stamped
+    inside the step that made it (`Engine.step`), so it is found by its time."""
+    loaded = [s for s in result.steps if 4 * s.batch_size >= 3 * concurrency]
+    if not loaded:
+        return float("nan")
+    starts = [s.start_s for s in loaded]
+    tokens = 0
+    for completed in result.measured:
+        for t, n in completed.emissions:
+            i = bisect.bisect_right(starts, t) - 1
+            if i >= 0 and t <= loaded[i].end_s:
+                tokens += n
+    return tokens / sum(s.end_s - s.start_s for s in loaded)
