@@ -464,6 +464,17 @@ class EveryFourth(CostAwareScheduler):
         return step.num_drafts if self.num_plans % 4 == 1 else 0
 
 
+def recording_drafter(target: TargetModel):
+    """A DSpark drafter that records its calls in order: ("observe", [positions per row]) and ("propose",)."""
+    drafter = dspark_with_random_confidence(target, conf_scale=0.5)
+    calls = []
+    real_observe, real_propose = drafter.observe, drafter.propose
+    drafter.observe = lambda state, rows, ids, feats, num_new: (calls.append(("observe", num_new.tolist()))
+                                                               or real_observe(state, rows, ids, feats, num_new))
+    drafter.propose = lambda state, step: calls.append(("propose",)) or real_propose(state, step)
+    return drafter, calls
+
+
 @pytest.mark.parametrize("max_pending", [64, 2], ids=["batched", "buffer-full"])
 def test_the_drafter_observes_held_back_positions_before_it_drafts(qwen3_target: TargetModel, monkeypatch,
                                                                     max_pending: int):
@@ -475,12 +486,7 @@ def test_the_drafter_observes_held_back_positions_before_it_drafts(qwen3_target:
     monkeypatch.setattr(generate_module, "MAX_PENDING", max_pending)
     config = GenerationConfig(max_new_tokens=20, num_drafts=3)
     plain = [r.output_ids for r in generate(qwen3_target, NoDrafter(), GREEDY_PROMPTS, config)]
-    drafter = dspark_with_random_confidence(qwen3_target, conf_scale=0.5)
-    calls = []
-    real_observe, real_propose = drafter.observe, drafter.propose
-    drafter.observe = lambda state, rows, ids, feats, num_new: (calls.append(("observe", num_new.tolist()))
-                                                               or real_observe(state, rows, ids, feats, num_new))
-    drafter.propose = lambda state, step: calls.append(("propose",)) or real_propose(state, step)
+    drafter, calls = recording_drafter(qwen3_target)
     results = generate(qwen3_target, drafter, GREEDY_PROMPTS, config, policy=EveryFourth(PAYS_WHEN_IDLE))
     assert [r.output_ids for r in results] == plain
     proposes = [i for i, c in enumerate(calls) if c[0] == "propose"]
@@ -510,12 +516,7 @@ def test_a_planning_policy_defers_the_prompts_to_the_first_draft(qwen3_target: T
     config = GenerationConfig(max_new_tokens=12, num_drafts=3)
     plain = [r.output_ids for r in generate(qwen3_target, NoDrafter(), GREEDY_PROMPTS, config)]
     for policy, drafts in ((NeverDrafts(PAYS_WHEN_IDLE), False), (EveryFourth(PAYS_WHEN_IDLE), True)):
-        drafter = dspark_with_random_confidence(qwen3_target, conf_scale=0.5)
-        calls = []
-        real_observe, real_propose = drafter.observe, drafter.propose
-        drafter.observe = lambda state, rows, ids, feats, num_new: (calls.append(("observe", num_new.tolist()))
-                                                                   or real_observe(state, rows, ids, feats, num_new))
-        drafter.propose = lambda state, step: calls.append(("propose",)) or real_propose(state, step)
+        drafter, calls = recording_drafter(qwen3_target)
         results = generate(qwen3_target, drafter, GREEDY_PROMPTS, config, policy=policy)
         assert [r.output_ids for r in results] == plain
         if not drafts:
