@@ -310,8 +310,8 @@ class CostAwareScheduler(_Calibrated):
     `optimism`: as if the next trial succeeded with a high but plausible acceptance (an unseen position
     counts as o). It must beat plain decoding by the margin too: a later plan needs that margin on rates
     no higher than these, so a trial below it could not change a plan. Where drafting could not pay even
-    then (a large batch, or a tie), the optimistic plan drafts nothing, so exploring costs nothing there; after a long stretch without drafts the decayed counts make
-    it try again.
+    then (a large batch, or a tie), the optimistic plan drafts nothing, so exploring costs nothing there;
+    after a long stretch without drafts the decayed counts make it try again.
 
     Fill (`__call__`, after the drafts): every drafted token is verified (the plan already sized the draft
     to what pays), unless `early_stop`: then, the draft forward being paid, position layers j = 1 … g are
@@ -326,8 +326,9 @@ class CostAwareScheduler(_Calibrated):
     off (a geometric mean over about the last `cost_window` steps of that kind, each observation clipped to
     ×/÷ 4 so a stall does not swing it). It is a decayed mean, not an average pulled from 1: drafting steps
     are rare under load, and one that cost 1.4× its price must not be read as 1.02× for the next dozen
-    (on the embedded default at c = 64 that made the scheduler draft at 0.8× plain throughput). A table measured under other load, threads or context lengths is thus corrected
-    by the steps it prices; only the ratio of the two factors changes a plan.
+    (on the embedded default at c = 64 that made the scheduler draft at 0.8× plain throughput). A table
+    measured under other load, threads or context lengths is thus corrected by the steps it prices; only the
+    ratio of the two factors changes a plan.
 
     Losslessness: the plan is a function of the step counter, R, the cost table, the wall times and outcomes
     of earlier steps, all fixed before this step's drafts are sampled (the causal barrier of `AsyncBudgetScheduler`'s
