@@ -31,6 +31,7 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from dspark_core.drafters.base import DraftProposal, DraftStep, Drafter
 from dspark_core.target import TargetModel
@@ -53,6 +54,11 @@ class DraftLengthPolicy(Protocol):
         """After verification of a step that drafted: [R] drafts verified and accepted per row."""
 
     def __call__(self, proposal: DraftProposal, step: DraftStep) -> Tensor: ...
+
+
+def planner_of(policy: VerifyPolicy | None, num_drafts: int) -> DraftLengthPolicy | None:
+    """The policy as a planner of draft lengths, when it is one and there is anything to draft (γ > 0)."""
+    return policy if num_drafts > 0 and isinstance(policy, DraftLengthPolicy) else None
 
 
 # Optional on a DraftLengthPolicy: `observe_step_seconds(num_rows, draft_length, width, seconds)`, told the wall
@@ -208,7 +214,7 @@ def generate(
     finish: list[str | None] = [None] * num
 
     first = prefill(target, drafter, state, rows, prompts, temperatures, list(generators),
-                    defer_drafter=num_drafts > 0 and isinstance(policy, DraftLengthPolicy))
+                    defer_drafter=planner_of(policy, num_drafts) is not None)
     for i, token in enumerate(first.tolist()):
         finish[i] = emit(outputs[i], [token], config.max_new_tokens, config.stop_token_ids)
 
@@ -299,7 +305,7 @@ def speculative_step(
     num_rows = len(rows)
     step = DraftStep(rows, state.token_ids, state.num_tokens, num_drafts, temperatures, generators)
     anchors = step.anchor_ids
-    planner = policy if num_drafts > 0 and isinstance(policy, DraftLengthPolicy) else None
+    planner = planner_of(policy, num_drafts)
     if planner is not None:
         num_drafts = step.num_drafts = max(0, min(num_drafts, int(planner.draft_length(step))))  # no draft exists yet
     handover_s = 0.0
@@ -393,15 +399,10 @@ def hand_over_pending(drafter: Drafter, state: BatchState, rows: Tensor) -> None
     steps without drafts, each in one batched call."""
     deferred = [row for row in rows.tolist() if row in state.deferred_prompts] if state.deferred_prompts else []
     if deferred:
-        prompts = [state.deferred_prompts.pop(row) for row in deferred]
-        lengths = torch.tensor([len(t) for t, _ in prompts], device=rows.device)
-        width = int(lengths.max())
-        token_ids = torch.zeros(len(prompts), width, dtype=torch.long, device=rows.device)
-        features = prompts[0][1].new_zeros((len(prompts), width, prompts[0][1].shape[-1]))
-        for i, (t, f) in enumerate(prompts):
-            token_ids[i, : len(t)] = t
-            features[i, : len(t)] = f
-        drafter.observe(state.draft_state, torch.tensor(deferred, device=rows.device), token_ids, features, lengths)
+        token_ids, features = zip(*(state.deferred_prompts.pop(row) for row in deferred))
+        lengths = torch.tensor([len(t) for t in token_ids], device=rows.device)
+        drafter.observe(state.draft_state, torch.tensor(deferred, device=rows.device),
+                        pad_sequence(token_ids, batch_first=True), pad_sequence(features, batch_first=True), lengths)
     pending = state.pending
     if pending is None:
         return

@@ -296,18 +296,17 @@ class CostAwareScheduler(_Calibrated):
     often verification reached j (all drafts before it accepted) and how often j was then accepted; the
     counts decay by 1 − 1/`window` every step, drafted or not, so old evidence fades. With the acceptance
     rate q_j = (accepted + w·q_{j−1}) / (reached + w) (w = `prior_weight`, q_0 = ½: a rarely reached deep
-    position borrows the estimate of the one before it), drafting g tokens and verifying them all is expected to emit
-    R·(1 + Σ_{j≤g} Π_{i≤j} q_i) tokens in draft_seconds(R, g) + verify_seconds(R, g + 1); g = 0 is plain
+    position borrows the estimate of the one before it), drafting g tokens and verifying them all is
+    expected to emit R·(1 + Σ_{j≤g} Π_{i≤j} q_i) tokens in draft_seconds(R, g) + verify_seconds(R, g + 1); g = 0 is plain
     decoding, R tokens in verify_seconds(R, 1). The plan is the g of highest expected tokens per second,
     ties to the smaller g, and drafting must beat plain decoding by `margin` (a fraction): the largest of
     several noisy estimates is optimistic, and near break-even a wrong "draft" costs more than a wrong
     "plain". Realised acceptance, not confidences, drives the plan: it needs no calibration and works for
     drafters without a confidence head.
-    Exploration: estimates of positions that are not drafted never move, so on the first step, on steps 1, 2,
-    4, … (the first `cold_explorations` powers of two: a cold start's first outcomes are few and often
+    Exploration: estimates of positions that are not drafted never move, so on the first step, on steps 1,
+    2, 4, … (the first `cold_explorations` powers of two: a cold start's first outcomes are few and often
     untypical, the first tokens of an answer) and every `explore_every` steps the plan is made with
-    optimistic rates (accepted + o) / (reached + 1), o =
-    `optimism`: as if the next trial succeeded with a high but plausible acceptance (an unseen position
+    optimistic rates (accepted + o) / (reached + 1), o = `optimism`: as if the next trial succeeded with a high but plausible acceptance (an unseen position
     counts as o). It must beat plain decoding by the margin too: a later plan needs that margin on rates
     no higher than these, so a trial below it could not change a plan. Where drafting could not pay even
     then (a large batch, or a tie), the optimistic plan drafts nothing, so exploring costs nothing there;

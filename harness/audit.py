@@ -8,10 +8,10 @@ Two checks per speculative cell (drafter, γ, policy, load as in the suite):
    greedy cells) gets a randomised probability integral transform u = F(x⁻) + V·p(x) under the
    target's own distribution p(·|prefix) at T (from the backend's `score_tokens`; a server backend,
    whose API exposes at most a top-k of logprobs, is scored with the target loaded here through Hugging
-   Face — another engine's float noise is far below what the test can see), tokens ordered by descending probability. Tokens that
-   follow p exactly give u i.i.d. uniform on [0, 1) — whatever the prefix, by the chain rule — so a χ²
-   test of u over equal-width bins tests the whole output distribution at once, with every emitted
-   token as a sample. Ordering by probability makes the test most sensitive to the usual failure of a
+   Face — another engine's float noise is far below what the test can see), tokens ordered by
+   descending probability. Tokens that follow p exactly give u i.i.d. uniform on [0, 1) — whatever the
+   prefix, by the chain rule — so a χ² test of u over equal-width bins tests the whole output
+   distribution at once, with every emitted token as a sample. Ordering by probability makes the test most sensitive to the usual failure of a
    wrong verifier: too much mass on the target's likely tokens.
 
 The audit fails (exit 1) on any greedy mismatch or a χ² p-value below `ALPHA` (strict, so that a

@@ -8,9 +8,9 @@ all of them, accepted tokens and the bonus are committed and caches roll back to
 Finished requests free and empty their slots at once, so waiting requests join as others finish. Free
 slots are handed out lowest first, so the active slots tend to stay one contiguous range, and the holes
 a finished request leaves hold nothing: the target and drafter then read their KV slots in place, over
-the range around the holes, instead of gathering a copy (`kv_slots.covering_range`). Nothing here changes what is sampled: the engine
-only decides *when* a request runs, and the loop's losslessness holds for every interleaving (each
-request draws only from its own generator).
+the range around the holes, instead of gathering a copy (`kv_slots.covering_range`). Nothing here
+changes what is sampled: the engine only decides *when* a request runs, and the loop's losslessness
+holds for every interleaving (each request draws only from its own generator).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from dspark_core.calibration import OnlineCalibrator
 from dspark_core.drafters.base import Drafter
-from dspark_core.generate import (DraftLengthPolicy, RequestCounters, VerifyPolicy, emit, new_batch_state, prefill,
+from dspark_core.generate import (RequestCounters, VerifyPolicy, emit, new_batch_state, planner_of, prefill,
                                   release_slots, speculative_step)
 from dspark_core.target import TargetModel
 
@@ -198,8 +198,7 @@ class Engine:
         if not admitted:
             return 0, []
         device = self.target.device
-        rows = torch.tensor([row for row, _ in admitted], device=device)
-        release_slots(self.state, self.drafter, rows)
+        rows = torch.tensor([row for row, _ in admitted], device=device)  # empty: new, or emptied by `_finish`
         slots = [
             Running(r, torch.Generator(device="cpu").manual_seed(r.seed), RequestCounters(self.num_drafts), r.arrival_s)
             for _, r in admitted
@@ -207,7 +206,7 @@ class Engine:
         first = prefill(
             self.target, self.drafter, self.state, rows, [r.prompt_ids for _, r in admitted],
             torch.tensor([r.temperature for _, r in admitted], device=device), [s.generator for s in slots],
-            defer_drafter=self.num_drafts > 0 and isinstance(self.policy, DraftLengthPolicy),
+            defer_drafter=planner_of(self.policy, self.num_drafts) is not None,
         )
         now = self.clock()
         done = []
@@ -223,8 +222,9 @@ class Engine:
     def _finish(self, row: int, reason: str, now: float) -> Completed:
         slot = self.slots.pop(row)
         heapq.heappush(self.free, row)
-        # Emptied now, not at its next admission: an idle slot that still held its context would stop the
-        # target and drafter from running over the slot range around it (kv_slots.covering_range).
+        # Emptied now, the one place a slot is emptied, not at its next admission: an idle slot that still held
+        # its context would stop the target and drafter from running over the slot range around it
+        # (kv_slots.covering_range).
         release_slots(self.state, self.drafter, torch.tensor([row], device=self.target.device))
         return Completed(
             slot.request, slot.output, reason, slot.counters, slot.arrival_s, slot.first_token_s, now, slot.emissions
