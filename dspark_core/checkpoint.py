@@ -32,7 +32,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from dspark_core.drafters import DraftConfig, DSparkModel, Eagle3Model, build_draft_model
+from dspark_core.drafters.config import DraftConfig
+from dspark_core.drafters.dspark import DSparkModel
+from dspark_core.drafters.eagle3 import Eagle3Model
+from dspark_core.drafters.models import build_draft_model
 
 WEIGHTS_FILE = "model.safetensors"
 SHARED_WITH_TARGET = ("embed_tokens.weight", "lm_head.weight")  # frozen copies of the target's

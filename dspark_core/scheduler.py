@@ -47,7 +47,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from dspark_core import kernels
+from dspark_core.kernels import use_triton
 from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.sps import SPSTable
 from dspark_core.step_costs import StepCostTable
@@ -206,6 +206,38 @@ def schedule_prefix(survival: Tensor, sps: SPSTable) -> Tensor:
     return admit_top(rank, survival, first_drop(throughput_curve(sorted_a, num_rows, sps), sorted_a))
 
 
+def dispatch_schedule_prefix(survival: Tensor, sps: SPSTable) -> Tensor:
+    """`schedule_prefix` on the Triton kernel where it runs (kernels/prefix_scheduler.py, no host sync):
+    survival [R, γ] (non-increasing in j) → [R] long verify lengths."""
+    num_rows, gamma = survival.shape
+    if num_rows == 0 or gamma == 0 or not use_triton(survival.device):
+        return schedule_prefix(survival, sps)
+    from dspark_core.kernels.prefix_scheduler import schedule_prefix_triton
+
+    sps_range = sps.lookup_range(num_rows, num_rows * (gamma + 1) + 1, survival.device)  # SPS(R … R + R·γ)
+    return schedule_prefix_triton(survival, None, None, sps_range)
+
+
+def dispatch_schedule_prefix_from_logits(
+    calibrated_logits: Tensor, sps: SPSTable, num_valid: Tensor | None = None
+) -> Tensor:
+    """Survival a_{r,j} = running-min of Π_{i≤j} σ(c_i/T_i) (0 past `num_valid`), then Algorithm 1, in one
+    go: calibrated_logits [R, γ] (c/T) → [R] long. Twin: `calibrated_survival` then `schedule_prefix`."""
+    num_rows, gamma = calibrated_logits.shape
+    if num_rows == 0 or gamma == 0 or not use_triton(calibrated_logits.device):
+        return schedule_prefix(calibrated_survival(calibrated_logits, num_valid), sps)
+    from dspark_core.kernels.prefix_scheduler import schedule_prefix_triton
+
+    sps_range = sps.lookup_range(num_rows, num_rows * (gamma + 1) + 1, calibrated_logits.device)
+    return schedule_prefix_triton(None, calibrated_logits, num_valid, sps_range)
+
+
+def calibrated_survival(calibrated_logits: Tensor, num_valid: Tensor | None = None) -> Tensor:
+    """`_Calibrated.survival` on calibrated logits rather than on a proposal: [R, γ] float64."""
+    empty = torch.empty(calibrated_logits.shape, dtype=torch.long, device=calibrated_logits.device)
+    return _Calibrated().survival(DraftProposal(empty, None, calibrated_logits, num_valid))
+
+
 class PrefixScheduler(_Calibrated):
     """The hardware-aware prefix scheduler (paper Algorithm 1): long verification on an idle GPU, short
     on a busy one. `sps` is the SPS table of the hardware it runs on."""
@@ -224,7 +256,7 @@ class PrefixScheduler(_Calibrated):
         if num_rows == 0 or a.shape[1] == 0:
             return torch.zeros(num_rows, dtype=torch.long, device=a.device)
         if type(self) is PrefixScheduler:  # Algorithm 1 as is: the on-device kernel where it runs (no host sync)
-            return kernels.schedule_prefix(a, self.sps)
+            return dispatch_schedule_prefix(a, self.sps)
         sorted_a, rank = rank_candidates(a)
         k = self.num_admitted(throughput_curve(sorted_a, num_rows, self.sps), sorted_a)
         return admit_top(rank, a, k)

@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from dspark_core import kernels
+from dspark_core.kernels.attention_ref import use_varlen_attention
 from dspark_core.kv_slots import KVSlots, covering_range
 from dspark_core.sdpa_gqa import ATTN_IMPLEMENTATION as SDPA_GQA, use_sdpa_gqa
 
@@ -78,7 +78,7 @@ class TargetModel:
         self._first_param = next(model.parameters())
         # On the Triton path (CUDA, or DSPARK_KERNELS=triton under the interpreter) verification attention is
         # the varlen kernel: no padded 4-D mask, no repeat_kv copy. Elsewhere the model keeps its own attention.
-        self.varlen_attention: bool = kernels.use_varlen_attention(self.model)
+        self.varlen_attention: bool = use_varlen_attention(self.model)
         # On the CPU, SDPA with grouped KV heads read in place (sdpa_gqa.py): no repeat_kv copy per verify step.
         if not self.varlen_attention:
             use_sdpa_gqa(self.model)

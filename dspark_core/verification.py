@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dspark_core import kernels
+from dspark_core.kernels import use_triton
 from dspark_core.distributions import is_greedy, logits_to_probs, sample_from_probs
 
 RESIDUAL_EPS = 1e-9
@@ -149,10 +149,43 @@ def verify(
     accept_u, sample_u = draw_verify_uniforms(generators, cu_num_drafts[1:] - cu_num_drafts[:-1])
     device = target_logits.device
     all_greedy = temperatures.device.type == "cpu" and bool(is_greedy(temperatures).all())
-    return kernels.rejection_sample(
+    return dispatch_rejection_sample(
         target_logits, draft_token_ids, cu_num_drafts, draft_probs, temperatures,
         accept_u.to(device), sample_u.to(device), all_greedy=all_greedy,
     )
+
+
+def dispatch_rejection_sample(
+    target_logits: Tensor,  # [total_drafts + R, vocab]
+    draft_token_ids: Tensor,  # [total_drafts] long
+    cu_num_drafts: Tensor,  # [R + 1] long
+    draft_probs: Tensor | None,  # [total_drafts, vocab] fp32, or None (one-hot drafts)
+    temperatures: Tensor,  # [R]
+    accept_uniforms: Tensor,  # [total_drafts]
+    sample_uniforms: Tensor,  # [R]
+    *,
+    all_greedy: bool = False,
+) -> VerifyOutput:
+    """`rejection_sample`, same arguments and result, on the Triton kernels where they run
+    (kernels/rejection.py). `all_greedy=True` (the caller knows every temperature is below
+    GREEDY_TEMPERATURE) takes the argmax-only kernel or its twin `rejection_sample_greedy`; the general
+    paths are exact for greedy rows too."""
+    if not use_triton(target_logits.device):
+        if all_greedy:
+            return rejection_sample_greedy(target_logits, draft_token_ids, cu_num_drafts)
+        return rejection_sample(
+            target_logits, draft_token_ids, cu_num_drafts, draft_probs, temperatures, accept_uniforms, sample_uniforms
+        )
+    from dspark_core.kernels.rejection import rejection_greedy_sample_triton, rejection_sample_triton
+
+    if all_greedy:
+        num_accepted, next_ids = rejection_greedy_sample_triton(target_logits, draft_token_ids, cu_num_drafts)
+    else:
+        num_accepted, next_ids = rejection_sample_triton(
+            target_logits, draft_token_ids, cu_num_drafts, draft_probs, temperatures,
+            accept_uniforms, sample_uniforms, residual_eps=RESIDUAL_EPS,
+        )
+    return VerifyOutput(num_accepted=num_accepted, next_token_ids=next_ids)
 
 
 def _per_target_row(temperatures: Tensor, num_drafts: Tensor) -> Tensor:

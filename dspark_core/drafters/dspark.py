@@ -19,9 +19,9 @@ from torch import Tensor
 from dspark_core.distributions import draw_uniforms, logits_to_probs, sample_from_probs
 from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.drafters.config import DraftConfig
-from dspark_core.drafters.heads import SEQUENTIAL_HEADS, ConfidenceHead
+from dspark_core.drafters.heads import SEQUENTIAL_HEADS, ConfidenceHead, MarkovHead
 from dspark_core.drafters.layers import TargetFedDraft
-from dspark_core.kernels import draft_block
+from dspark_core.kernels import use_triton
 from dspark_core.kv_slots import KVSlots, covering_range
 
 
@@ -160,3 +160,28 @@ class DSparkDrafter:
         # The sequential head: Triton on CUDA (kernels/markov_draft.py), else DSparkModel.sample_block.
         tokens, probs, confs = draft_block(self.model, h, step.anchor_ids, step.temperatures, uniforms)
         return DraftProposal(token_ids=tokens, draft_probs=probs, confidence_logits=confs)
+
+
+def draft_block(
+    model: DSparkModel, h: Tensor, anchor_ids: Tensor, temperatures: Tensor, uniforms: Tensor
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """DSpark's sequential head over a drafted block: h [R, n, hidden] (final-normed backbone output),
+    anchor_ids [R], temperatures [R], uniforms [R, n] → token ids [R, n] long, draft probs [R, n, vocab]
+    fp32, confidence logits [R, n] fp32 (None without a confidence head).
+
+    The dispatch of `kernels/markov_draft.py` (the Markov head and no head, DFlash) beside its twin
+    `DSparkModel.sample_block`, which runs for gated/RNN heads and off the Triton path.
+    """
+    head = model.markov_head
+    if h.shape[0] == 0 or h.shape[1] == 0 or not (head is None or type(head) is MarkovHead) or not use_triton(h.device):
+        return model.sample_block(h, anchor_ids, temperatures, uniforms)
+    from dspark_core.kernels.markov_draft import markov_draft
+
+    conf = model.confidence_head
+    return markov_draft(
+        model.lm_head(h), h, anchor_ids, temperatures, uniforms,
+        w1=head.markov_w1.weight if head is not None else None,
+        w2=head.markov_w2.weight if head is not None else None,
+        conf_weight=conf.proj.weight if conf is not None else None,
+        conf_bias=conf.proj.bias if conf is not None else None,
+    )

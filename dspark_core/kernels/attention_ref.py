@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dspark_core.kernels import use_triton
+
 ATTN_IMPLEMENTATION = "dspark_varlen"
 
 
@@ -76,8 +78,6 @@ def hf_varlen_attention(
     past_lens = the valid cached count and new_starts = max_past: a padded query only produces a row
     the caller ignores, and a valid one never sees a padded key. No 4-D mask is built, nothing is synced.
     """
-    from dspark_core.kernels import varlen_attention
-
     if dropout:
         raise NotImplementedError("dspark_varlen attention is for inference (dropout 0)")
     if sliding_window is not None:
@@ -113,3 +113,35 @@ def install_varlen_attention(model: torch.nn.Module) -> None:
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
     else:  # pragma: no cover - older transformers
         model.config._attn_implementation = ATTN_IMPLEMENTATION
+
+
+def varlen_attention(
+    q: Tensor,  # [total_q, num_heads, head_dim]
+    k_cache: Tensor,  # [num_slots, kv_heads, capacity, head_dim] (one layer of KVSlots)
+    v_cache: Tensor,  # [num_slots, kv_heads, capacity, head_dim]
+    cu_seqlens_q: Tensor,  # [R + 1] cumulative query counts
+    past_lens: Tensor,  # [R] keys a request attends before its own new ones
+    sm_scale: float,
+    new_starts: Tensor | None = None,  # [R] slot position of its first new key (None: = past_lens)
+    slot_ids: Tensor | None = None,  # [R] cache slot of each request (None: request r uses slot r)
+    max_seqlen_q: int | None = None,  # longest segment, if the caller knows it (sizes the grid; else total_q)
+) -> Tensor:
+    """Verification attention over flattened variable-length queries: [total_q, H, D]. The dispatch of
+    `attention.varlen_attention_triton` beside its twin `varlen_attention_torch`."""
+    if q.shape[0] == 0 or not use_triton(q.device):
+        return varlen_attention_torch(q, k_cache, v_cache, cu_seqlens_q, past_lens, sm_scale, new_starts, slot_ids)
+    from dspark_core.kernels.attention import varlen_attention_triton
+
+    return varlen_attention_triton(
+        q, k_cache, v_cache, cu_seqlens_q, past_lens, sm_scale, new_starts, slot_ids, max_seqlen_q
+    )
+
+
+def use_varlen_attention(model: torch.nn.Module) -> bool:
+    """Switch a Hugging Face model to "dspark_varlen" attention (`hf_varlen_attention`, which runs
+    `varlen_attention`) when its parameters sit where the Triton path runs; True if switched. The one line
+    `TargetModel.__init__` needs."""
+    if not use_triton(next(model.parameters()).device):
+        return False
+    install_varlen_attention(model)
+    return True

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dspark_core import kernels
-from dspark_core.kernels.attention_ref import install_varlen_attention, varlen_attention_torch
+from dspark_core.kernels import attention_ref
+from dspark_core.kernels.attention_ref import install_varlen_attention, varlen_attention, varlen_attention_torch
 from dspark_core.target import TargetModel
 
 from .conftest import DEVICE
@@ -46,7 +47,7 @@ def _inputs(case: str, dtype: torch.dtype, shuffled_slots: bool, gap: bool, seed
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_kernel_matches_twin(triton_kernels, case: str, dtype: torch.dtype, layout: str):
     args = _inputs(case, dtype, shuffled_slots=layout != "slots", gap=layout != "slots")
-    out = kernels.varlen_attention(*args)
+    out = varlen_attention(*args)
     ref = varlen_attention_torch(*args)
     assert out.dtype == dtype and out.shape == args[0].shape
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
@@ -98,8 +99,8 @@ def test_hf_forward_through_varlen_attention_matches_sdpa(monkeypatch, new_qwen3
     assert reference.config._attn_implementation in ("sdpa", "dspark_sdpa")
     monkeypatch.setenv("DSPARK_KERNELS", mode)
     calls = []
-    dispatch = kernels.varlen_attention
-    monkeypatch.setattr(kernels, "varlen_attention", lambda *a, **k: calls.append(a[0].shape) or dispatch(*a, **k))
+    dispatch = varlen_attention
+    monkeypatch.setattr(attention_ref, "varlen_attention", lambda *a, **k: calls.append(a[0].shape) or dispatch(*a, **k))
     varlen_model = new_qwen3()
     install_varlen_attention(varlen_model)
     varlen = TargetModel(varlen_model, layer_ids=(0,))

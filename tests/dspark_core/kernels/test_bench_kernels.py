@@ -100,7 +100,7 @@ def _draft_model():
 @pytest.mark.parametrize("num_rows", [1, 16, 64])
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_bench_markov_draft(benchmark, monkeypatch, impl: str, num_rows: int):
-    from dspark_core.kernels import draft_block
+    from dspark_core.drafters.dspark import draft_block
 
     _use(monkeypatch, impl)
     model = _draft_model()
@@ -140,7 +140,7 @@ def _verify_batch(num_rows: int):
 @pytest.mark.parametrize("num_rows", [1, 16, 64])
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_bench_rejection_sample(benchmark, monkeypatch, impl: str, num_rows: int):
-    from dspark_core.kernels import rejection_sample
+    from dspark_core.verification import dispatch_rejection_sample as rejection_sample
 
     _use(monkeypatch, impl)
     args = _verify_batch(num_rows)
@@ -150,7 +150,7 @@ def test_bench_rejection_sample(benchmark, monkeypatch, impl: str, num_rows: int
 
 @pytest.mark.parametrize("num_rows", [16, 64])
 def test_bench_rejection_greedy(benchmark, monkeypatch, num_rows: int):
-    from dspark_core.kernels import rejection_sample
+    from dspark_core.verification import dispatch_rejection_sample as rejection_sample
 
     _use(monkeypatch, "triton")
     args = list(_verify_batch(num_rows))
@@ -165,7 +165,7 @@ def test_bench_rejection_greedy(benchmark, monkeypatch, num_rows: int):
 @pytest.mark.parametrize("num_rows", [1, 16, 64])
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_bench_varlen_attention(benchmark, monkeypatch, impl: str, num_rows: int, context: int):
-    from dspark_core.kernels import varlen_attention
+    from dspark_core.kernels.attention_ref import varlen_attention
 
     _use(monkeypatch, impl)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -186,7 +186,7 @@ def test_bench_varlen_attention(benchmark, monkeypatch, impl: str, num_rows: int
 @pytest.mark.parametrize("num_rows", [16, 256])
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_bench_schedule_prefix(benchmark, monkeypatch, impl: str, num_rows: int):
-    from dspark_core.kernels import schedule_prefix
+    from dspark_core.scheduler import dispatch_schedule_prefix as schedule_prefix
     from dspark_core.sps import step_sps_table
 
     _use(monkeypatch, impl)

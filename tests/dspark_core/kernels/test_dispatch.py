@@ -50,11 +50,13 @@ importlib.util.find_spec = lambda name, *a: None if name.split(".")[0] == "trito
 import torch
 import dspark_core, dspark_core.generate, dspark_core.drafters, dspark_core.verification
 from dspark_core import kernels
+from dspark_core.scheduler import dispatch_schedule_prefix
 from dspark_core.sps import SPSTable
+from dspark_core.verification import dispatch_rejection_sample
 assert not kernels.triton_available() and not kernels.use_triton("cuda")
-out = kernels.rejection_sample(torch.randn(1, 8), torch.zeros(0, dtype=torch.long), torch.zeros(2, dtype=torch.long),
+out = dispatch_rejection_sample(torch.randn(1, 8), torch.zeros(0, dtype=torch.long), torch.zeros(2, dtype=torch.long),
                                None, torch.ones(1), torch.zeros(0), torch.rand(1))
-lengths = kernels.schedule_prefix(torch.full((2, 3), 0.5, dtype=torch.float64), SPSTable.from_points([(64, 1.0)]))
+lengths = dispatch_schedule_prefix(torch.full((2, 3), 0.5, dtype=torch.float64), SPSTable.from_points([(64, 1.0)]))
 assert "triton" not in sys.modules
 print("ok", out.next_token_ids.tolist(), lengths.tolist())
 """
@@ -72,8 +74,8 @@ def test_everything_imports_and_runs_without_triton():
 def test_twins_run_off_cuda_in_auto_mode(monkeypatch):
     monkeypatch.setenv("DSPARK_KERNELS", "auto")
     survival = torch.cumprod(torch.full((2, 3), 0.9, dtype=torch.float64), dim=1)
-    from dspark_core.scheduler import schedule_prefix
+    from dspark_core.scheduler import dispatch_schedule_prefix, schedule_prefix
     from dspark_core.sps import SPSTable
 
     sps = SPSTable.from_points([(64, 1.0)])
-    assert kernels.schedule_prefix(survival, sps).tolist() == schedule_prefix(survival, sps).tolist() == [3, 3]
+    assert dispatch_schedule_prefix(survival, sps).tolist() == schedule_prefix(survival, sps).tolist() == [3, 3]

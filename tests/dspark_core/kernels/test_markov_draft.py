@@ -12,7 +12,7 @@ import torch
 
 from dspark_core.drafters.config import DraftConfig
 from dspark_core.drafters.dspark import DSparkModel
-from dspark_core.kernels import draft_block
+from dspark_core.drafters.dspark import draft_block
 
 from .conftest import DEVICE
 

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from dspark_core import kernels
-from dspark_core.scheduler import schedule_prefix
+from dspark_core.scheduler import (
+    calibrated_survival, dispatch_schedule_prefix, dispatch_schedule_prefix_from_logits, schedule_prefix,
+)
 from dspark_core.sps import SPSTable, step_sps_table
 
 from .conftest import DEVICE
@@ -34,7 +36,7 @@ def test_matches_twin_on_random_tables(triton_kernels, num_rows: int, gamma: int
     for _ in range(4):
         logits, sps = _random_case(gen, num_rows, gamma)
         survival = torch.cumprod(torch.sigmoid(logits), dim=1).to(DEVICE)
-        got = kernels.schedule_prefix(survival, sps)
+        got = dispatch_schedule_prefix(survival, sps)
         assert got.dtype == torch.long and got.device.type == survival.device.type
         expected = schedule_prefix(survival, sps)
         assert got.tolist() == expected.tolist()
@@ -50,8 +52,8 @@ def test_from_logits_with_undrafted_positions(triton_kernels, num_rows: int, gam
         logits, sps = _random_case(gen, num_rows, gamma)
         num_valid = torch.randint(0, gamma + 1, (num_rows,), generator=gen) if case % 2 else None
         logits, num_valid = logits.to(DEVICE), (num_valid.to(DEVICE) if num_valid is not None else None)
-        got = kernels.schedule_prefix_from_logits(logits, sps, num_valid)
-        expected = schedule_prefix(kernels.survival_torch(logits, num_valid), sps)
+        got = dispatch_schedule_prefix_from_logits(logits, sps, num_valid)
+        expected = schedule_prefix(calibrated_survival(logits, num_valid), sps)
         assert got.tolist() == expected.tolist()
         if num_valid is not None:
             assert bool((got <= num_valid).all())
@@ -62,8 +64,8 @@ def test_ties_go_to_the_earlier_position_then_the_lower_row(triton_kernels):
     (0,2) — the twin's stable position-major order (tests/dspark_core/test_scheduler.py)."""
     cliff = SPSTable.from_points([(5, 100.0), (6, 10.0)])
     logits = torch.full((2, 3), 50.0, dtype=torch.float64, device=DEVICE)
-    assert kernels.schedule_prefix_from_logits(logits, cliff).tolist() == [2, 1]
-    assert kernels.schedule_prefix(torch.ones(2, 3, dtype=torch.float64, device=DEVICE), cliff).tolist() == [2, 1]
+    assert dispatch_schedule_prefix_from_logits(logits, cliff).tolist() == [2, 1]
+    assert dispatch_schedule_prefix(torch.ones(2, 3, dtype=torch.float64, device=DEVICE), cliff).tolist() == [2, 1]
 
 
 def test_idle_and_busy_hardware(triton_kernels):
@@ -73,9 +75,9 @@ def test_idle_and_busy_hardware(triton_kernels):
     busy = SPSTable.from_points([(2, 100.0), (3, 30.0), (64, 25.0)])
     stairs = step_sps_table(64, 2, base_latency_s=0.010, tile_latency_s=0.004)
     for sps in (flat, busy, stairs):
-        assert kernels.schedule_prefix(survival, sps).tolist() == schedule_prefix(survival, sps).tolist()
-    assert kernels.schedule_prefix(survival, flat).tolist() == [3, 3]
-    assert kernels.schedule_prefix(survival, busy).tolist() == [0, 0]
+        assert dispatch_schedule_prefix(survival, sps).tolist() == schedule_prefix(survival, sps).tolist()
+    assert dispatch_schedule_prefix(survival, flat).tolist() == [3, 3]
+    assert dispatch_schedule_prefix(survival, busy).tolist() == [0, 0]
 
 
 def test_more_candidates_than_one_block(triton_kernels):
@@ -86,9 +88,9 @@ def test_more_candidates_than_one_block(triton_kernels):
     sps = step_sps_table(256, 8, base_latency_s=0.010, tile_latency_s=0.0009)
     expected = schedule_prefix(survival, sps)
     assert 0 < int(expected.sum()) < 84
-    assert kernels.schedule_prefix(survival, sps).tolist() == expected.tolist()
+    assert dispatch_schedule_prefix(survival, sps).tolist() == expected.tolist()
 
 
 def test_empty_batch(triton_kernels):
     sps = SPSTable.from_points([(1, 1.0)])
-    assert kernels.schedule_prefix(torch.zeros(0, 3, dtype=torch.float64, device=DEVICE), sps).shape == (0,)
+    assert dispatch_schedule_prefix(torch.zeros(0, 3, dtype=torch.float64, device=DEVICE), sps).shape == (0,)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dspark_core import kernels, verification
+from dspark_core.verification import dispatch_rejection_sample
 from dspark_core.distributions import logits_to_probs, sample_from_probs
 
 from .conftest import DEVICE
@@ -39,7 +40,7 @@ def _batch(num_drafts: list[int], vocab: int, temps: list[float], closeness: flo
 
 
 def _assert_same(args: dict, **kw) -> verification.VerifyOutput:
-    out = kernels.rejection_sample(**args, **kw)
+    out = dispatch_rejection_sample(**args, **kw)
     ref = verification.rejection_sample(**args)
     assert out.num_accepted.dtype == torch.long and out.next_token_ids.dtype == torch.long
     assert out.num_accepted.tolist() == ref.num_accepted.tolist()
@@ -114,5 +115,5 @@ def test_no_requests(triton_kernels):
         cu_num_drafts=torch.zeros(1, dtype=torch.long), draft_probs=None, temperatures=torch.zeros(0),
         accept_uniforms=torch.zeros(0), sample_uniforms=torch.zeros(0),
     )
-    out = kernels.rejection_sample(**{k: (v.to(DEVICE) if v is not None else v) for k, v in empty.items()})
+    out = dispatch_rejection_sample(**{k: (v.to(DEVICE) if v is not None else v) for k, v in empty.items()})
     assert out.num_accepted.shape == out.next_token_ids.shape == (0,)
