@@ -58,15 +58,15 @@ def load_prompts(emb, task: str, n: int, seed: int = 0) -> list[list[int]]:
 
 def measure_sps(emb, context_len: int = CONTEXT_LEN, batch_sizes: Sequence[int] = SPS_BATCH_SIZES):
     """SPS(B) of the target on this CPU (target forward only), made monotone; plus, where the cost model is
-    available, the draft forward's cost table (see dspark_core.sps)."""
-    from dspark_core.sps import profile_sps
+    available, the draft forward's cost table (see dspark_core.costs)."""
+    from backends.inhouse.profile import profile_sps
 
     return profile_sps(emb.target, batch_sizes, context_len, warmup=2, repeats=7, target_id="embedded").monotone()
 
 
 def measure_costs(emb, drafter: str, sps):
-    """The step-cost table the adaptive scheduler needs (draft forward + verify, see dspark_core.sps)."""
-    from dspark_core.step_costs import profile_step_costs
+    """The step-cost table the adaptive scheduler needs (draft forward + verify, see dspark_core.costs)."""
+    from backends.inhouse.profile import profile_step_costs
 
     costs = profile_step_costs(emb.target, emb.drafters[drafter], COST_ROWS, context_len=CONTEXT_LEN, repeats=5)
     return costs.monotone()

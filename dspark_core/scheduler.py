@@ -49,8 +49,7 @@ from torch import Tensor
 
 from dspark_core.kernels import use_triton
 from dspark_core.drafters.base import DraftProposal, DraftStep
-from dspark_core.sps import SPSTable
-from dspark_core.step_costs import StepCostTable
+from dspark_core.costs import SPSTable, StepCostTable
 
 
 class Calibrator(Protocol):

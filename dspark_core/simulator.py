@@ -24,7 +24,7 @@ from torch import Tensor
 
 from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.generate import RequestCounters, VerifyPolicy
-from dspark_core.sps import SPSTable
+from dspark_core.costs import SPSTable
 
 
 @dataclass(frozen=True)

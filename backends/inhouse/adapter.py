@@ -229,8 +229,8 @@ class InhouseBackend:
     def _step_costs(self, cell: Cell, target: _Target, drafter) -> tuple[Any, str]:
         """The adaptive policy's step-cost table: from the suite's file, or profiled on this device once per
         (drafter, γ, batch sizes up to the cell's concurrency rounded up to a power of two)."""
-        from dspark_core import sps as sps_tables
-        from dspark_core.step_costs import profile_step_costs
+        from backends.inhouse.profile import profile_step_costs
+        from dspark_core import costs as sps_tables
 
         context = 256
         if cell.policy.sps_table:
@@ -248,14 +248,15 @@ class InhouseBackend:
             f"{r}:{1e3 * v[0]:.1f}/{1e3 * (v[-1] + d[-1]):.1f}ms" for r, v, d in zip(table.rows, table.verify_s, table.draft_s))
 
     def _sps(self, cell: Cell, target: _Target):
-        from dspark_core import sps as sps_tables
+        from backends.inhouse.profile import profile_sps
+        from dspark_core import costs as sps_tables
 
         context = 256
         if cell.policy.sps_table:
             fp = sps_tables.fingerprint_for(target.model, context)
             return sps_tables.load_sps_table(cell.policy.sps_table, fp), f"sps table {cell.policy.sps_table}"
         if context not in target.sps:
-            target.sps[context] = sps_tables.profile_sps(target.model, SPS_BATCH_SIZES, context, repeats=5)
+            target.sps[context] = profile_sps(target.model, SPS_BATCH_SIZES, context, repeats=5)
         table = target.sps[context]
         return table, "sps profiled " + " ".join(f"{b}:{s:.0f}" for b, s in zip(table.batch_sizes, table.steps_per_second))
 

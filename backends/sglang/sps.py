@@ -8,7 +8,7 @@ SGLang writes one of two JSON shapes (`sglang/srt/speculative/dspark_components/
 - `SpsAdditiveCostTable` {"bias_seconds", "bs_probes", "alpha_seconds", "m_probes", "theta_seconds"}:
   step time = bias + α(requests) + θ(requests + budget), each piecewise linear, clamped at the ends.
 
-Ours (`dspark_core/sps.py`, JSON "dspark-sps-tables" version 1) keys B the same way (tokens verified per
+Ours (`dspark_core/costs/table_files.py`, JSON "dspark-sps-tables" version 1) keys B the same way (tokens verified per
 step) but looks up with the *ceiling* rule, so the floor table becomes, exactly on 1 … M: a point
 (B_{i+1} − 1, s_i) closing each of SGLang's intervals, and (M, s_last) — plus (B_0 − 1, s_0) below the
 first probe. The additive table has two variables; at a fixed verify width W = γ + 1 (every request
@@ -148,7 +148,7 @@ def import_sps_table(sglang_path: str | Path, out_path: str | Path, fingerprint:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m backends.sglang.sps", description=__doc__.split("\n\n")[0])
     parser.add_argument("sglang_table", help="JSON written by sglang.benchmark.dspark_sps_profiler")
-    parser.add_argument("out", help="our SPS store (dspark_core/sps.py format); created or updated")
+    parser.add_argument("out", help="our SPS store (dspark_core/costs format); created or updated")
     parser.add_argument("--device-name", required=True, help="e.g. 'NVIDIA H100 80GB HBM3' (as torch names it)")
     parser.add_argument("--dtype", required=True, help="target dtype, e.g. bfloat16")
     parser.add_argument("--target-id", required=True, help="target model id or path")

@@ -174,7 +174,7 @@ class PolicyEntry(Section):
     verify_length: Gamma | None = None  # static: γ' ≤ γ
     threshold: Annotated[float, Field(gt=0, lt=1)] | None = None  # threshold: σ(c_k) cut-off
     # scheduler/budget: SPS(B) table JSON; adaptive: an SPS JSON store holding a step-cost table for the target
-    # (dspark_core.step_costs); relative paths: to the working directory. None: profiled before the first cell.
+    # (dspark_core.costs); relative paths: to the working directory. None: profiled before the first cell.
     sps_table: str | None = None
 
     @model_validator(mode="after")

@@ -148,7 +148,7 @@ def _pays_when_idle(alternate: bool = False):
     """Step costs where drafting pays for one request and, even if every draft were accepted, not for three.
     With `alternate`, a test double of the policy that drafts on every other step whatever the costs."""
     from dspark_core.scheduler import CostAwareScheduler
-    from dspark_core.step_costs import StepCostTable
+    from dspark_core.costs import StepCostTable
 
     costs = StepCostTable((1, 3), (1, 2, 3, 4), ((1.0, 1.1, 1.2, 1.3), (2.0, 3.5, 5.0, 6.5)), (1, 2, 3),
                           ((0.1, 0.1, 0.1), (4.0, 4.0, 4.0)))

@@ -42,7 +42,7 @@ def test_adaptive_cells_equal_plain_decoding_and_say_where_their_costs_came_from
     assert _outputs(ngram) == _outputs(plain)
 
     # The table can come from a file instead: the one profiled above, saved in the SPS store format.
-    from dspark_core import sps as sps_tables
+    from dspark_core import costs as sps_tables
 
     target = next(iter(backend._targets.values()))
     table = next(t for k, t in target.sps.items() if isinstance(k, tuple) and k[0] == "step_costs" and k[1] == "dspark")

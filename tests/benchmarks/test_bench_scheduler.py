@@ -12,7 +12,7 @@ import torch
 
 from dspark_core.drafters.base import DraftProposal
 from dspark_core.scheduler import AsyncBudgetScheduler, ConfidenceThreshold, PrefixScheduler
-from dspark_core.sps import step_sps_table
+from dspark_core.costs import step_sps_table
 
 NUM_REQUESTS, GAMMA = 256, 7
 # A memory-bound staircase: 10 ms + 0.03 ms per started tile of 16 tokens, measured at the tile edges.

@@ -1,4 +1,4 @@
-"""Drafting only when it pays: step-cost tables (dspark_core/sps.py) and `CostAwareScheduler` (scheduler.py).
+"""Drafting only when it pays: step-cost tables (dspark_core/costs/) and `CostAwareScheduler` (scheduler.py).
 
 a. Step-cost tables: lookup (linear in R, ceiling in W and g), validation, monotone, the JSON store (version 2
    with step costs; version-1 files still load), `profile_step_costs` timing real steps.
@@ -18,10 +18,11 @@ import pytest
 import torch
 from scipy import stats
 
+from backends.inhouse.profile import profile_step_costs
 from dspark_core.drafters import DraftProposal, DraftStep, NoDrafter
 from dspark_core.generate import DraftLengthPolicy, GenerationConfig, generate
 from dspark_core.scheduler import CostAwareScheduler
-from dspark_core.sps import (
+from dspark_core.costs import (
     SPSFingerprint,
     SPSTable,
     load_sps_table,
@@ -29,8 +30,8 @@ from dspark_core.sps import (
     load_step_cost_table,
     load_step_cost_tables,
     save_sps_table,
+    StepCostTable,
 )
-from dspark_core.step_costs import StepCostTable, profile_step_costs
 from dspark_core.target import TargetModel
 from exact_distribution import chi2_gof, count_prefixes, exact_joint
 from test_scheduler import (

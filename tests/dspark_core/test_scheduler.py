@@ -1,4 +1,4 @@
-"""SPS tables and verification policies (dspark_core/sps.py, dspark_core/scheduler.py).
+"""SPS tables and verification policies (dspark_core/costs/, dspark_core/scheduler.py, backends/inhouse/profile.py).
 
 a. SPS tables: the ceiling lookup, validation, the JSON store keyed by fingerprint, and `profile_sps`
    measuring a real tiny target.
@@ -38,12 +38,12 @@ from dspark_core.scheduler import (
     schedule_prefix,
     throughput_curve,
 )
-from dspark_core.sps import (
+from backends.inhouse.profile import profile_sps
+from dspark_core.costs import (
     SPSFingerprint,
     SPSTable,
     load_sps_table,
     load_sps_tables,
-    profile_sps,
     read_sps_csv,
     save_sps_table,
     step_sps_table,

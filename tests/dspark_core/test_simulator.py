@@ -9,7 +9,7 @@ from dspark_core.drafters import as_drafter, build_draft_model, draft_config_for
 from dspark_core.generate import GenerationConfig, generate
 from dspark_core.scheduler import PrefixScheduler, StaticLength
 from dspark_core.simulator import Trace, simulate, traces_from_counters
-from dspark_core.sps import SPSTable, step_sps_table
+from dspark_core.costs import SPSTable, step_sps_table
 
 
 @pytest.fixture(scope="module")

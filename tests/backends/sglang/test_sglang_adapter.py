@@ -201,7 +201,7 @@ def test_draft_model_is_sglang_standalone():
 
 
 def test_floor_table_converts_exactly_to_ceiling_lookup(tmp_path):
-    from dspark_core.sps import load_sps_table
+    from dspark_core.costs import load_sps_table
 
     from backends.sglang.sps import import_sps_table
 

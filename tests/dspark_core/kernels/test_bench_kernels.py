@@ -187,7 +187,7 @@ def test_bench_varlen_attention(benchmark, monkeypatch, impl: str, num_rows: int
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_bench_schedule_prefix(benchmark, monkeypatch, impl: str, num_rows: int):
     from dspark_core.scheduler import dispatch_schedule_prefix as schedule_prefix
-    from dspark_core.sps import step_sps_table
+    from dspark_core.costs import step_sps_table
 
     _use(monkeypatch, impl)
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -51,7 +51,7 @@ import torch
 import dspark_core, dspark_core.generate, dspark_core.drafters, dspark_core.verification
 from dspark_core import kernels
 from dspark_core.scheduler import dispatch_schedule_prefix
-from dspark_core.sps import SPSTable
+from dspark_core.costs import SPSTable
 from dspark_core.verification import dispatch_rejection_sample
 assert not kernels.triton_available() and not kernels.use_triton("cuda")
 out = dispatch_rejection_sample(torch.randn(1, 8), torch.zeros(0, dtype=torch.long), torch.zeros(2, dtype=torch.long),
@@ -75,7 +75,7 @@ def test_twins_run_off_cuda_in_auto_mode(monkeypatch):
     monkeypatch.setenv("DSPARK_KERNELS", "auto")
     survival = torch.cumprod(torch.full((2, 3), 0.9, dtype=torch.float64), dim=1)
     from dspark_core.scheduler import dispatch_schedule_prefix, schedule_prefix
-    from dspark_core.sps import SPSTable
+    from dspark_core.costs import SPSTable
 
     sps = SPSTable.from_points([(64, 1.0)])
     assert dispatch_schedule_prefix(survival, sps).tolist() == schedule_prefix(survival, sps).tolist() == [3, 3]

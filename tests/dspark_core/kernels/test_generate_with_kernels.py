@@ -19,7 +19,7 @@ import torch
 from dspark_core.drafters import as_drafter, build_draft_model, draft_config_for
 from dspark_core.generate import GenerationConfig, generate
 from dspark_core.scheduler import PrefixScheduler
-from dspark_core.sps import step_sps_table
+from dspark_core.costs import step_sps_table
 from dspark_core.target import TargetModel
 
 from .conftest import DEVICE

@@ -11,7 +11,7 @@ from dspark_core import kernels
 from dspark_core.scheduler import (
     calibrated_survival, dispatch_schedule_prefix, dispatch_schedule_prefix_from_logits, schedule_prefix,
 )
-from dspark_core.sps import SPSTable, step_sps_table
+from dspark_core.costs import SPSTable, step_sps_table
 
 from .conftest import DEVICE
 

@@ -10,23 +10,21 @@ observing the new tokens, bookkeeping (W = 1 is a plain decoding step). `CostAwa
 (dspark_core/scheduler.py) compares drafting against plain decoding with it. An SPS(B) table cannot:
 it prices B verified tokens, not R padded rows, and knows nothing of the draft forward.
 
-`profile_step_costs` measures a table by timing real `speculative_step`s. Tables are stored in the SPS
-JSON files (`dspark_core.sps.save_sps_table`, `load_step_cost_table`), keyed by the same fingerprint.
+The in-house engine measures a table by timing real `speculative_step`s (`backends/inhouse/profile.py`).
+Tables are stored in the SPS JSON files (`dspark_core.costs.table_files`), keyed by the same fingerprint.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
-from torch import Tensor
 
-from dspark_core.sps import SPSFingerprint, _is_number, _reject_unknown, fingerprint_for
+from dspark_core.costs.fingerprint import SPSFingerprint, is_number, reject_unknown
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ class StepCostTable:
                 raise ValueError(f"step costs: {name} must be strictly increasing integers >= 1, got {list(values)}")
         for name, cols in (("verify_s", self.widths), ("draft_s", self.draft_lengths)):
             grid = tuple(
-                tuple(float(x) if _is_number(x, numbers.Real) else x for x in row) for row in getattr(self, name)
+                tuple(float(x) if is_number(x, numbers.Real) else x for x in row) for row in getattr(self, name)
             )
             object.__setattr__(self, name, grid)
             if len(grid) != len(self.rows) or any(len(row) != len(cols) for row in grid):
@@ -125,7 +123,7 @@ class StepCostTable:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "StepCostTable":
         keys = ["fingerprint", "rows", "widths", "verify_s", "draft_lengths", "draft_s", "meta"]
-        _reject_unknown(data, keys, "step-cost table")
+        reject_unknown(data, keys, "step-cost table")
         for key in keys[1:6]:
             if not isinstance(data.get(key), list):
                 raise ValueError(f"step-cost table {key} must be a list, got {data.get(key)!r}")
@@ -139,122 +137,3 @@ class StepCostTable:
     @cached_property
     def _curves(self) -> dict[tuple[int, int], tuple[list[float], list[float]]]:
         return {}
-
-
-# --------------------------------------------------------------------------- measuring
-
-
-class _FixedStep:
-    """The policy `profile_step_costs` times steps with: draft `num_drafts`, verify `num_verify` of every row."""
-
-    def __init__(self, num_drafts: int, num_verify: int) -> None:
-        self.num_drafts, self.num_verify = num_drafts, num_verify
-
-    def draft_length(self, step: Any) -> int:
-        return self.num_drafts
-
-    def observe_outcomes(self, num_verified: Tensor, num_accepted: Tensor) -> None:
-        pass
-
-    def __call__(self, proposal: Any, step: Any) -> Tensor:
-        return torch.full((len(step.rows),), self.num_verify, dtype=torch.long, device=step.rows.device)
-
-
-class _TimedDrafter:
-    """Wraps a drafter and adds the wall time of each `propose` to `seconds` (CUDA synchronised)."""
-
-    def __init__(self, drafter: Any, clock: Callable[[], float], sync: Callable[[], None]) -> None:
-        self.drafter, self.clock, self.sync, self.seconds = drafter, clock, sync, 0.0
-        self.name, self.target_layer_ids = drafter.name, drafter.target_layer_ids
-
-    def start(self, num_slots: int, capacity: int) -> Any:
-        return self.drafter.start(num_slots, capacity)
-
-    def reset(self, state: Any, rows: Tensor) -> None:
-        self.drafter.reset(state, rows)
-
-    def observe(self, state: Any, rows: Tensor, token_ids: Tensor, features: Tensor, num_new: Tensor) -> None:
-        self.drafter.observe(state, rows, token_ids, features, num_new)
-
-    def propose(self, state: Any, step: Any) -> Any:
-        self.sync()
-        start = self.clock()
-        out = self.drafter.propose(state, step)
-        self.sync()
-        self.seconds += self.clock() - start
-        return out
-
-
-@torch.no_grad()
-def profile_step_costs(
-    target: Any,
-    drafter: Any,
-    rows: Sequence[int],
-    context_len: int,
-    *,
-    num_drafts: int = 7,
-    warmup: int = 1,
-    repeats: int = 5,
-    target_id: str | None = None,
-    seed: int = 0,
-    clock: Callable[[], float] = time.perf_counter,
-) -> StepCostTable:
-    """Measure a `StepCostTable` by timing real `speculative_step`s of `drafter` on the target's device.
-
-    Every R in `rows` gets its own block of R request slots (a contiguous range, as in a busy engine), all
-    prefilled with random prompts of `context_len` tokens. Then, round after round, every block runs one
-    step for each g = 0 … num_drafts that drafts g tokens and verifies all of them (so W = g + 1): the draft
-    forward is timed around `drafter.propose`, the rest of the step is the verify cost at width W. All
-    (R, g) are interleaved within a round, so a burst of other work on a shared machine disturbs a few cells
-    of one round, not one R's whole row; each cost is the *minimum* over the `repeats` timed rounds (after
-    `warmup` untimed ones), the least disturbed one. Contexts grow by the few tokens each step commits, alike
-    for every g. Greedy decoding.
-    """
-    from dspark_core.generate import new_batch_state, prefill, speculative_step
-
-    sizes = sorted(int(r) for r in rows)
-    if not sizes or sizes[0] < 1 or len(set(sizes)) != len(sizes):
-        raise ValueError(f"rows must be distinct integers >= 1, got {list(rows)}")
-    if num_drafts < 1 or repeats < 1 or warmup < 0 or context_len < 1:
-        raise ValueError("need num_drafts >= 1, repeats >= 1, warmup >= 0, context_len >= 1")
-    device = target.device
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    timed = _TimedDrafter(drafter, clock, sync)
-    rounds = warmup + repeats
-    capacity = context_len + 2 + rounds * (num_drafts + 1) * (num_drafts + 1)
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    state = new_batch_state(target, timed, sum(sizes), capacity)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    all_rows = torch.arange(sum(sizes), device=device)
-    prompts = torch.randint(0, target.vocab_size, (len(all_rows), context_len - 1), generator=gen).tolist()
-    generators = [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(len(all_rows))]
-    prefill(target, timed, state, all_rows, prompts, torch.zeros(len(all_rows), device=device), generators)
-    times = {(r, g): [] for r in sizes for g in range(num_drafts + 1)}  # (R, g) → [(verify s, draft s)]
-    for i in range(rounds):
-        for num_rows, start in zip(sizes, starts):
-            block = all_rows[start : start + num_rows]
-            temperatures = torch.zeros(num_rows, device=device)
-            budget = torch.full((num_rows,), capacity, dtype=torch.long, device=device)
-            for g in range(num_drafts + 1):
-                timed.seconds = 0.0
-                sync()
-                begin = clock()
-                speculative_step(target, timed, state, block, temperatures, generators[start : start + num_rows],
-                                 num_drafts, budget, _FixedStep(g, g))
-                sync()
-                if i >= warmup:
-                    times[num_rows, g].append((clock() - begin - timed.seconds, timed.seconds))
-    verify_s = tuple(tuple(max(min(t[0] for t in times[r, g]), 1e-9) for g in range(num_drafts + 1)) for r in sizes)
-    draft_s = tuple(tuple(max(min(t[1] for t in times[r, g]), 1e-9) for g in range(1, num_drafts + 1)) for r in sizes)
-    meta = {
-        "method": "profile_step_costs", "drafter": getattr(drafter, "name", "?"), "warmup": warmup,
-        "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__,
-    }
-    return StepCostTable(
-        tuple(sizes), tuple(range(1, num_drafts + 2)), verify_s, tuple(range(1, num_drafts + 1)), draft_s,
-        fingerprint_for(target, context_len, target_id), meta,
-    )
