@@ -1,0 +1,156 @@
+"""The import graph keeps its floors: dspark_core under backends under harness, no cycle inside dspark_core.
+
+The graph is read from the source (every `import` and `from … import`, lazy ones inside functions
+included, `if TYPE_CHECKING:` blocks excluded), so a cycle hidden behind a function-level import counts:
+it is still two modules that cannot be understood one without the other. Run it alone with
+`python3 -m pytest tests/test_import_graph.py -q`; a failure prints the cycle.
+
+Known and still open (the architecture issue's leaf-contracts step): `backends` ↔ `harness` (backends
+import `harness.cells`, `harness.metrics`, `harness.tasks`; harness imports the in-house backend).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("dspark_core", "harness", "backends")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imported_names(module: str, path: Path) -> set[str]:
+    names: set[str] = set()
+    is_package = path.name == "__init__.py"
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")
+                keep = len(parts) - node.level + (1 if is_package else 0)
+                base = ".".join(parts[:keep] + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), filename=str(path)))
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module → the project modules it imports (each name resolved to the longest module it names)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets = set()
+        for name in _imported_names(module, path):
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def _within(graph: dict[str, set[str]], prefix: str) -> dict[str, set[str]]:
+    inside = {m for m in graph if m == prefix or m.startswith(prefix + ".")}
+    return {m: graph[m] & inside for m in inside}
+
+
+def test_no_cycle_inside_dspark_core():
+    assert cycles(_within(import_graph(), "dspark_core")) == []
+
+
+def test_dspark_core_imports_neither_harness_nor_backends():
+    graph = import_graph()
+    above = {
+        (m, t) for m, targets in graph.items() if m.startswith("dspark_core")
+        for t in targets if not t.startswith("dspark_core")
+    }
+    assert above == set()
+
+
+def test_kernels_import_nothing_from_the_core_above_them():
+    """Dispatches sit beside their twins; the kernels package reads only the leaf `distributions`."""
+    graph = import_graph()
+    allowed = {"dspark_core.distributions"}
+    reached = {
+        t for m, targets in graph.items() if m.startswith("dspark_core.kernels")
+        for t in targets if not t.startswith("dspark_core.kernels")
+    }
+    assert reached <= allowed, sorted(reached - allowed)
+
+
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
