@@ -152,6 +152,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def serve_main(argv: list[str] | None = None) -> int:
     """`harness serve …` / `python -m backends.inhouse.server …`: listen, load, serve until SIGTERM/SIGINT."""
+    from backends.base import BackendError
+
     p = parser()
     args = p.parse_args(argv)
     check_args(p, args)
@@ -165,7 +167,8 @@ def serve_main(argv: list[str] | None = None) -> int:
         engine, tokenizer, stop_ids, version = load(args)
     except Exception as exc:  # noqa: BLE001 — any load failure is a start-up error: one line, exit 2
         sock.close()
-        print(f"harness serve: cannot load the model: {_one_line(f'{type(exc).__name__}: {exc}')}", file=sys.stderr)
+        what = str(exc) if isinstance(exc, BackendError) else f"{type(exc).__name__}: {exc}"
+        print(f"harness serve: cannot load the model: {_one_line(what)}", file=sys.stderr)
         return EXIT_USAGE
     name = args.served_model_name or args.target
     served = make_served(engine, tokenizer, stop_ids, model_name=name, version=version, limits=limits,

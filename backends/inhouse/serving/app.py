@@ -112,14 +112,29 @@ async def _read_body(request: web.Request, limits: Limits) -> bytes:
 
 
 class _ClientGone(Exception):
-    pass
+    """The client of a stream went away (or stopped reading): its request is aborted."""
+
+    def __init__(self, response: web.StreamResponse):
+        super().__init__()
+        self.response = response
+
+
+@dataclass
+class _Exchange:
+    """Where one request stands: the engine request to abort if its handler ends early (until the engine
+    finished it), and its outcome for the counters (a finish reason; None: failed)."""
+
+    running: str | None = None
+    outcome: str | None = None
+
+    def finished(self, reason: str) -> None:
+        self.running, self.outcome = None, reason
 
 
 async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     served = request.app[SERVED]
     served.counters.begin()
-    outcome: str | None = None  # the finish reason once answered; None: failed
-    submitted: str | None = None  # the engine request to abort if this handler ends early
+    exchange = _Exchange()
     try:
         body = parse_body(await _read_body(request, served.limits))
         parsed = build_request(served.model, body, chat, served.loop.next_id())
@@ -133,42 +148,46 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
                 pass
 
         served.loop.submit(parsed.request, deliver)
-        submitted = parsed.request.request_id
+        exchange.running = parsed.request.request_id
         if parsed.stream:
-            response, outcome = await _stream(request, served, parsed, events, chat)
-        else:
-            response, outcome = await _complete(served, parsed, events, chat)
-        submitted = None if outcome != "abort" else submitted
-        return response
+            return await _stream(request, served, parsed, events, chat, exchange)
+        return await _complete(served, parsed, events, chat, exchange)
     except BadRequest as exc:
         return _error(exc.status, str(exc), exc.param, exc.kind, close=exc.status in (408, 413))
     except EngineUnavailable as exc:
         return _error(503, str(exc))
+    except _ClientGone as gone:
+        if exchange.running is not None:
+            exchange.outcome = "abort"
+        return gone.response
     except asyncio.CancelledError:  # the client went away before its answer
-        outcome = "abort" if submitted is not None else None
+        if exchange.running is not None:
+            exchange.outcome = "abort"
         raise
     except Exception as exc:  # noqa: BLE001 — a bug: answer 500 with what it was, keep serving
         print(f"error in {request.path}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return _error(500, f"internal error: {type(exc).__name__}: {exc}")
     finally:
-        if submitted is not None:
-            served.loop.abort(submitted)
-        served.counters.end(outcome)
+        if exchange.running is not None:
+            served.loop.abort(exchange.running)  # its slot is free for the next step
+        served.counters.end(exchange.outcome)
 
 
-async def _complete(served: Served, parsed: ParsedRequest, events: asyncio.Queue, chat: bool):
+async def _complete(served: Served, parsed: ParsedRequest, events: asyncio.Queue, chat: bool, exchange: _Exchange):
     while True:
         kind, *payload = await events.get()
         if kind == "error":
-            return _error(500, payload[0]), None
+            exchange.running = None
+            return _error(500, payload[0])
         if kind == "done":
             done = payload[0]
-            body = completion(served.model.tokenizer, served.model.model_name, parsed.request, done, chat,
-                              parsed.logprobs)
-            return web.json_response(body), done.finish_reason
+            exchange.finished(done.finish_reason)
+            return web.json_response(completion(served.model.tokenizer, served.model.model_name, parsed.request,
+                                                done, chat, parsed.logprobs))
 
 
-async def _stream(request: web.Request, served: Served, parsed: ParsedRequest, events: asyncio.Queue, chat: bool):
+async def _stream(request: web.Request, served: Served, parsed: ParsedRequest, events: asyncio.Queue, chat: bool,
+                  exchange: _Exchange) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     timeout = served.limits.write_timeout_s
 
@@ -178,31 +197,34 @@ async def _stream(request: web.Request, served: Served, parsed: ParsedRequest, e
         try:
             await asyncio.wait_for(response.write(data), timeout)
         except (ConnectionError, asyncio.TimeoutError):
-            raise _ClientGone from None
+            raise _ClientGone(response) from None
 
     chunks = Chunks(served.model.tokenizer, served.model.model_name, parsed.request, chat, parsed.logprobs)
-    outcome: str | None = None
     try:
         await response.prepare(request)
-        while True:
-            kind, *payload = await events.get()
-            if kind == "error":
-                await send({"error": error_body(500, payload[0])["error"]})
-                break
-            if kind == "tokens":  # one engine step's tokens: one chunk, sent at once
-                await send(chunks.tokens(payload[0]))
-                continue
-            done = payload[0]
-            await send(chunks.final(done))
-            if parsed.include_usage:
-                await send(chunks.usage(done))
-            outcome = done.finish_reason
+    except ConnectionError:
+        raise _ClientGone(response) from None
+    while True:
+        kind, *payload = await events.get()
+        if kind == "error":
+            exchange.running = None
+            await send({"error": error_body(500, payload[0])["error"]})
             break
-        await send(b"data: [DONE]\n\n")
+        if kind == "tokens":  # one engine step's tokens: one chunk, sent at once
+            await send(chunks.tokens(payload[0]))
+            continue
+        done = payload[0]
+        exchange.finished(done.finish_reason)
+        await send(chunks.final(done))
+        if parsed.include_usage:
+            await send(chunks.usage(done))
+        break
+    await send(b"data: [DONE]\n\n")
+    try:
         await response.write_eof()
-    except (_ClientGone, ConnectionError):
-        return response, "abort"  # the caller aborts the engine request: its slot is free
-    return response, outcome
+    except ConnectionError:
+        pass
+    return response
 
 
 def _get_routes(served: Served) -> web.RouteTableDef:

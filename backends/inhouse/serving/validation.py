@@ -199,7 +199,7 @@ def build_request(ctx: ModelContext, body: dict, chat: bool, request_id: str) ->
     if not _is_int(max_tokens) or max_tokens < 1:
         raise BadRequest(f"{key} must be a positive integer, got {_shown(max_tokens)}", key)
     if len(prompt) + max_tokens > ctx.max_context:
-        raise BadRequest(f"prompt ({len(prompt)} tokens) + {key} ({max_tokens}) exceeds the context "
+        raise BadRequest(f"prompt ({len(prompt)} tokens) + {key} ({_shown(max_tokens)}) exceeds the context "
                          f"({ctx.max_context})", key)
     temperature = body.get("temperature", 1.0)
     if temperature is None:
