@@ -227,7 +227,7 @@ def served_model(endpoint: Endpoint) -> str:
 def server_version(endpoint: Endpoint) -> str:
     """GET /version's `version` (vLLM, our server), else "unknown"."""
     try:
-        return str(_get_json(endpoint, "/version").get("version", "unknown"))
+        return redaction.redact(str(_get_json(endpoint, "/version").get("version", "unknown")), [endpoint.api_key or ""])
     except (OSError, ValueError, AttributeError):
         return "unknown"
 

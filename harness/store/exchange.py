@@ -108,7 +108,13 @@ def import_run(store: Store, path: str | Path, label: str | None = None) -> str:
 def _redacted(value):
     """Text values with secrets masked (`harness.redaction`): an export may be committed. Recording redacts
     already; this also covers runs recorded before it did."""
-    return redact(value) if isinstance(value, str) else value
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [_redacted(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    return value
 
 
 def _dumps(value) -> str:
