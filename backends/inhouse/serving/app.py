@@ -7,8 +7,9 @@ Limits (`Limits`): a body over `max_body_bytes` is refused with 413 as soon as i
 (a chunked one as soon as it grows past it); a body that does not arrive within `read_timeout_s` gets 408;
 a connection that sends no complete request within `idle_timeout_s` (at its start or between keep-alive
 requests) is closed; a stream whose client stops reading for `write_timeout_s` is aborted. The listen
-backlog is `backlog` (the kernel caps it at net.core.somaxconn). Every answer that is not a success is the
-OpenAI error object, naming the field where one is at fault (`validation`).
+backlog is `backlog` (the kernel caps it at net.core.somaxconn). Every refusal by a route (and a missing
+route or method) is the OpenAI error object, naming the field where one is at fault (`validation`); only
+what aiohttp refuses before routing (a malformed request line, oversized headers) is its own plain 400.
 """
 
 from __future__ import annotations
