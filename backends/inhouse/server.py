@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 from typing import NoReturn
@@ -170,6 +171,9 @@ def serve_main(argv: list[str] | None = None) -> int:
         what = str(exc) if isinstance(exc, BackendError) else f"{type(exc).__name__}: {exc}"
         print(f"harness serve: cannot load the model: {_one_line(what)}", file=sys.stderr)
         return EXIT_USAGE
+    if args.access_log:  # aiohttp's access logger, one line per request
+        logging.getLogger("aiohttp.access").setLevel(logging.INFO)
+        logging.basicConfig(stream=sys.stderr, format="%(message)s")
     name = args.served_model_name or args.target
     served = make_served(engine, tokenizer, stop_ids, model_name=name, version=version, limits=limits,
                          access_log=args.access_log)

@@ -9,6 +9,8 @@ and reports, as one JSON object:
   - `stalled`: n uploads that declare a body and stop sending — how many got 408 and when, and the server's
     threads and open connections before, during and after (wanted: every one 408 within the read timeout
     plus a margin, threads flat, connections back to the baseline);
+  - `idle`: a connection that sends half a request line — seconds until the server closes it (wanted: about
+    the idle timeout);
   - `huge`: a declared 4 GB body — the status and seconds to it (wanted: 413 at once);
   - `bad`: bad requests, each followed by a /metrics scrape — whether received = failed + finished +
     in flight held after every one.
@@ -148,6 +150,18 @@ def stalled_uploads(host: str, port: int, n: int, read_timeout_s: float, pid: in
             "after": {"connections": after, "threads": _threads(pid)}, "threads_before": threads_before}
 
 
+def idle_connection(host: str, port: int, idle_timeout_s: float) -> dict:
+    """A connection that sends half a request line and nothing more: seconds until the server closes it."""
+    start = time.monotonic()
+    with socket.create_connection((host, port), timeout=idle_timeout_s + 30) as s:
+        s.sendall(b"POST /v1/comp")
+        try:
+            data = s.recv(200)
+        except OSError as exc:
+            data = type(exc).__name__.encode()
+    return {"closed_after_s": round(time.monotonic() - start, 2), "answer": data[:40].decode("latin-1")}
+
+
 def huge_declared(host: str, port: int) -> dict:
     """Headers that declare a 4 GB body, and no body: the status line and the seconds to it."""
     start = time.monotonic()
@@ -194,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         pid = server.pgid  # the server is its group's leader
         report["concurrent"] = {n: concurrent_clients("127.0.0.1", port, n) for n in args.clients}
         report["stalled"] = stalled_uploads("127.0.0.1", port, args.stalled, args.read_timeout, pid)
+        report["idle"] = idle_connection("127.0.0.1", port, 4 * args.read_timeout)
         report["huge"] = huge_declared("127.0.0.1", port)
         report["bad"] = bad_requests("127.0.0.1", port)
         report["metrics"] = {k: v for k, v in metrics("127.0.0.1", port).items() if k.startswith(("request", "http"))}

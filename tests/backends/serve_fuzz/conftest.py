@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-READ_TIMEOUT_S = 1.0
-IDLE_TIMEOUT_S = 2.0
+READ_TIMEOUT_S = 2.0
+IDLE_TIMEOUT_S = 3.0
 MAX_BODY_BYTES = 64 << 10
 
 

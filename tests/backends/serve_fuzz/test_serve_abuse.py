@@ -33,3 +33,9 @@ def test_a_declared_4gb_body_is_refused_at_once(served):
 def test_counters_add_up_after_every_bad_request(served):
     result = abuse.bad_requests("127.0.0.1", served.port)
     assert result["inconsistent_after"] == [] and all(400 <= s < 500 for s, _ in result["statuses"]), result
+
+
+def test_an_idle_connection_is_closed(served):
+    idle = served.served.limits.idle_timeout_s
+    result = abuse.idle_connection("127.0.0.1", served.port, idle)
+    assert idle - 0.5 <= result["closed_after_s"] < idle + 10 and result["answer"] == "", result
