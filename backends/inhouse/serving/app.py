@@ -137,10 +137,13 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     served.counters.begin()
     exchange = _Exchange()
     try:
-        body = parse_body(await _read_body(request, served.limits))
+        loop = asyncio.get_running_loop()
+        data = await _read_body(request, served.limits)
+        # parsing a large body takes a while: off the event loop (a bounded pool), so other clients are served;
+        # tokenising stays on the loop (one thread: tokenizers are not safe to share between threads)
+        body = await loop.run_in_executor(None, parse_body, data) if len(data) > 1 << 16 else parse_body(data)
         parsed = build_request(served.model, body, chat, served.loop.next_id())
         events: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
 
         def deliver(event: tuple) -> None:  # on the engine thread
             try:

@@ -6,7 +6,7 @@ import pytest
 
 READ_TIMEOUT_S = 2.0
 IDLE_TIMEOUT_S = 3.0
-MAX_BODY_BYTES = 64 << 10
+MAX_BODY_BYTES = 256 << 10
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,9 @@ ROWS = [
     ("ok text prompt", C, body(prompt="Hello there"), 200, None, None),
     ("ok stream", C, body(stream=True, stream_options={"include_usage": True}), 200, None, None),
     ("ok chat", CHAT, chat(USER), 200, None, None),
+    ("ok large body", C, body(user="u" * (128 << 10)), 200, None, None),  # parsed off the event loop
+    ("NaN in a large body", C, raw('{"prompt": [3], "pad": "' + "p" * (128 << 10) + '", "temperature": NaN}'), 400,
+     "temperature", "finite"),
     ("ok chat parts", CHAT, chat([{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]), 200, None, None),
     # prompt
     ("empty prompt", C, body(prompt=""), 400, "prompt", "empty"),
@@ -111,7 +114,7 @@ ROWS = [
     ("deep brackets", C, raw("[" * 20000), 400, None, "not valid JSON"),
     ("deep but valid", C, raw('{"prompt": [3], "x": ' + "[" * 100 + "]" * 100 + "}"), 400, "x", "nested deeper"),
     ("5000-digit int", C, raw('{"prompt": [3], "seed": ' + "7" * 5000 + "}"), 400, None, "not valid JSON"),
-    ("oversized body", C, body(prompt="a" * (256 << 10)), 413, None, "exceeds the server's limit"),
+    ("oversized body", C, body(prompt="a" * (512 << 10)), 413, None, "exceeds the server's limit"),
 ]
 
 
