@@ -13,6 +13,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from backends.process import ServerProcess
@@ -62,6 +63,7 @@ def test_an_echoed_key_reaches_no_row_and_no_export(echoing_server, tmp_path, mo
     from harness.runner import run_suite
     from harness.store import Store
     from harness.store.exchange import export_run
+    from harness.store.parquet import export_parquet
 
     if not os.environ.get("HARNESS_DATA_DIR"):
         shared = REPO.parent / "shared" / "datasets"
@@ -99,10 +101,23 @@ backend_options:
     (error, log, provenance), = cells
     assert "every request failed" in error and MASK in error and KEY not in error, error
     assert all(KEY not in e for (e,) in requests if e)  # a failed cell keeps no requests; the adapter's are below
-    print(error)
     assert KEY not in (log or "") and KEY not in json.dumps(provenance, default=str)
     assert KEY not in exported and MASK in exported
     assert KEY not in outcome.outcomes[0].error
+
+    # a run recorded before recording redacted: the exports mask it all the same
+    store = Store.open(db)
+    try:
+        store.con.execute("UPDATE cells SET error = ?, log = ?", [f"HTTP 500: {KEY}", f"Authorization: Bearer {KEY}"])
+        exported = export_run(store, outcome.run_id, tmp_path / "old.json").read_text()
+        files = export_parquet(store, [outcome.run_id], tmp_path / "pool")
+    finally:
+        store.close()
+    assert KEY not in exported and f"HTTP 500: {MASK}" in exported
+    cells_file = next(f for f in files if f.parent.name == "cells")
+    (error, log), = duckdb.sql(f"SELECT error, log FROM read_parquet('{cells_file}')").fetchall()
+    assert (error, log) == (f"HTTP 500: {MASK}", f"Authorization: {MASK}")
+    assert all(KEY.encode() not in f.read_bytes() for f in files)
 
 
 def test_the_adapters_request_errors_are_redacted(echoing_server, monkeypatch):
