@@ -27,6 +27,8 @@ from collections import deque
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from harness.redaction import redact
+
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a local server: never via $http_proxy
 
@@ -148,7 +150,7 @@ class ServerProcess:
         out = self.log_path.open("a", encoding="utf-8") if self.log_path is not None else None
         try:
             for raw in iter(self._proc.stdout.readline, b""):
-                line = raw.decode("utf-8", errors="replace")
+                line = redact(raw.decode("utf-8", errors="replace"))  # a server may log what it was sent
                 self._tail.append(line)
                 if out is not None:
                     out.write(line)

@@ -162,8 +162,12 @@ def run_suite(
             else:
                 todo.append((cell, repeat))
 
+        from harness import redaction
+
         def options_for(cell: Cell) -> dict:
-            return (backend_options or {}) | dict(suite.backend_options.get(cell.backend, {}))
+            options = (backend_options or {}) | dict(suite.backend_options.get(cell.backend, {}))
+            redaction.register_from_options(options)  # api_key_env's value never reaches a row
+            return options
 
         from harness.executors import get_executor, reserved
 
@@ -202,16 +206,18 @@ def _record(store, run_id: str, cell_run, host_fp: str, packages: dict, resource
     Cost: the cell's wall time × what the executor reserved for it (else what the suite declares)."""
     from harness import provenance
 
-    cell, result = cell_run.cell, cell_run.result
+    from harness.redaction import redact, redact_result
+
+    cell, result, error, log = cell_run.cell, redact_result(cell_run.result), redact(cell_run.error), redact(cell_run.log)
     key = provenance.comparability_key(cell.params(), result.provenance if result else {}, host_fp, packages)
     resources = cell_run.resources if cell_run.resources is not None else resources_for(cell)
     gpu_s, cpu_s = cell_run.wall_s * resources["num_gpus"], cell_run.wall_s * resources["num_cpus"]
-    store.record_cell(run_id, cell, cell_run.repeat, result=result, error=cell_run.error,
+    store.record_cell(run_id, cell, cell_run.repeat, result=result, error=error,
                       started_at=cell_run.started_at, finished_at=cell_run.finished_at, comparability_key=key,
-                      log=cell_run.log, resources=resources, gpu_seconds=gpu_s, cpu_seconds=cpu_s)
+                      log=log, resources=resources, gpu_seconds=gpu_s, cpu_seconds=cpu_s)
     metrics = {m: result.metrics.value(m) for m in SUMMARY_METRICS} if result is not None else {}
-    status = "failed" if cell_run.error else "ok"
-    return CellOutcome(cell, cell_run.repeat, status, cell_run.error, cell_run.wall_s, metrics, gpu_s, cpu_s)
+    status = "failed" if error else "ok"
+    return CellOutcome(cell, cell_run.repeat, status, error, cell_run.wall_s, metrics, gpu_s, cpu_s)
 
 
 @contextmanager

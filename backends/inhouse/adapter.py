@@ -22,7 +22,7 @@ from backends.base import BackendError, Progress
 from backends.inhouse.engine import Completed, Engine, EngineConfig, Request
 from backends.inhouse.load import LoadSpec, run_load
 from harness import model_refs
-from harness.cells import CalibrationBin, Cell, CellResult, RequestResult
+from harness.cells import CalibrationBin, Cell, CellResult, DrafterSpec, PolicySpec, RequestResult, TargetSpec, TaskSpec
 from harness.metrics import MeasurementWindow, SLA, StepRecord, from_counters, summarise
 from harness.tasks.prompts import stop_tokens
 
@@ -37,6 +37,16 @@ class _Target:
     stop_token_ids: tuple[int, ...]
     fingerprint: str
     sps: dict[int, Any]  # context length → SPSTable profiled here
+
+
+@dataclass
+class BuiltEngine:
+    """An engine ready to serve, with what a server needs beside it."""
+
+    engine: Engine
+    tokenizer: Any
+    stop_token_ids: tuple[int, ...]
+    note: str  # what building the policy reported (a profiled SPS or step-cost table), or ""
 
 
 class InhouseBackend:
@@ -91,13 +101,7 @@ class InhouseBackend:
     def run_cell(self, cell: Cell, progress: Progress | None = None) -> CellResult:
         from harness.tasks import load_task, prompt_ids
 
-        self.check(cell)
-        target = self._target(cell)
-        drafter, draft_info = self._drafter(cell, target)
-        layer_ids = tuple(getattr(drafter, "target_layer_ids", ()) or ())
-        if target.model.layer_ids != layer_ids:
-            target.model.set_layer_ids(layer_ids)  # () for plain / n-gram: no hidden states computed
-
+        target, drafter, draft_info, sts, policy, policy_note = self._prepare(cell)
         data = load_task(cell.task.name, n_samples=cell.task.n_samples, seed=cell.seed)
         spec, samples = data.spec, data.samples
         turns = spec.turns if cell.task.multi_turn else 1
@@ -121,8 +125,6 @@ class InhouseBackend:
                 return self._request(cell, target, conv, turn + 1, ids)
             return next_turn
 
-        sts = draft_info.get("sts", {}).get(f"{cell.task.temperature:g}")
-        policy, policy_note = self._policy(cell, target, sts, drafter)
         num_slots = cell.concurrency if cell.concurrency is not None else self.num_slots
         longest = max(len(r.prompt_ids) for r in first_turns)
         max_context = min(self.max_context, getattr(target.model.config, "max_position_embeddings", 1 << 30))
@@ -143,6 +145,32 @@ class InhouseBackend:
         completed += measured.completed
         return self._result(cell, target, draft_info, data.content_hash, completed, warmup_ids, engine.steps, sts,
                             policy_note)
+
+    def build_engine(self, target: TargetSpec, drafter: DrafterSpec, num_drafts: int, policy: PolicySpec, *,
+                     temperature: float = 0.0, num_slots: int | None = None,
+                     max_context: int | None = None) -> BuiltEngine:
+        """The engine `run_cell` would build for these specs, for a caller that serves it (our OpenAI server):
+        same loading, drafter, policy (with the drafter's STS temperatures for `temperature`) and stop tokens."""
+        num_slots = num_slots or self.num_slots
+        cell = Cell(self.name, target, drafter, num_drafts, TaskSpec("served", 1, 1, temperature), policy,
+                    concurrency=num_slots)
+        loaded, model, _, _, verify_policy, note = self._prepare(cell)
+        context = min(max_context or self.max_context, getattr(loaded.model.config, "max_position_embeddings", 1 << 30))
+        engine = Engine(loaded.model, model, EngineConfig(num_slots=num_slots, max_context=context,
+                                                          num_drafts=max(num_drafts, 1)), verify_policy)
+        return BuiltEngine(engine, loaded.tokenizer, loaded.stop_token_ids, note)
+
+    def _prepare(self, cell: Cell) -> tuple[_Target, Any, dict, Any, Any, str]:
+        """(target, drafter, draft info, STS temperatures, policy, policy note) for a checked cell."""
+        self.check(cell)
+        target = self._target(cell)
+        drafter, draft_info = self._drafter(cell, target)
+        layer_ids = tuple(getattr(drafter, "target_layer_ids", ()) or ())
+        if target.model.layer_ids != layer_ids:
+            target.model.set_layer_ids(layer_ids)  # () for plain / n-gram: no hidden states computed
+        sts = draft_info.get("sts", {}).get(f"{cell.task.temperature:g}")
+        policy, note = self._policy(cell, target, sts, drafter)
+        return target, drafter, draft_info, sts, policy, note
 
     # ------------------------------------------------------------------ resources
 

@@ -37,7 +37,7 @@ from typing import Any
 from backends.base import BackendError, Progress
 from backends.openai.client import ApiRequest, Endpoint, Load, Send, StreamedResponse, run_openai_load
 from backends.openai.metrics import DIRECT, SpecCounts, per_request_steps, scrape
-from harness import model_refs
+from harness import model_refs, redaction
 from harness.cells import Cell, CellResult, RequestResult
 from harness.metrics import MeasurementWindow, MetricSet, SLA, summarise
 
@@ -83,6 +83,7 @@ class OpenAIBackend:
     def run_cell(self, cell: Cell, progress: Progress | None = None) -> CellResult:
         self.check(cell)
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        redaction.register(key)  # an endpoint that echoes it (in an error body, a log) leaves it in no row
         endpoint = Endpoint(self.base_url, self.model, self.chat, key, self.timeout_s, self.logprobs)
         if endpoint.model is None:
             endpoint = Endpoint(self.base_url, served_model(endpoint), self.chat, key, self.timeout_s, self.logprobs)
@@ -160,6 +161,9 @@ def run_cell_at(endpoint: Endpoint, cell: Cell, progress: Progress | None = None
 
 def _result(cell: Cell, endpoint: Endpoint, dataset_hash: str, warmup: list[StreamedResponse],
             measured: list[StreamedResponse], counts: SpecCounts | None, extra: dict[str, str], log: str) -> CellResult:
+    for r in warmup + measured:  # what a server answered can hold what it was sent (the bearer token)
+        r.error = redaction.redact(r.error, [endpoint.api_key or ""])
+    log = redaction.redact(log, [endpoint.api_key or ""]) or ""
     ok = [r for r in measured if r.error is None]
     per_request = bool(ok) and all(per_request_steps(r.usage, cell.num_drafts) is not None for r in ok)
     source = "per_request" if per_request else "prometheus" if counts is not None and counts.drafts > 0 else "none"
@@ -215,14 +219,15 @@ def served_model(endpoint: Endpoint) -> str:
         models = _get_json(endpoint, "/v1/models")["data"]
         return str(models[0]["id"])
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise BackendError(f"{endpoint.root}/v1/models: cannot tell the served model ({type(exc).__name__}: {exc}); "
+        why = redaction.redact(f"{type(exc).__name__}: {exc}", [endpoint.api_key or ""])
+        raise BackendError(f"{endpoint.root}/v1/models: cannot tell the served model ({why}); "
                            "set backend_options.openai.model") from None
 
 
 def server_version(endpoint: Endpoint) -> str:
     """GET /version's `version` (vLLM, our server), else "unknown"."""
     try:
-        return str(_get_json(endpoint, "/version").get("version", "unknown"))
+        return redaction.redact(str(_get_json(endpoint, "/version").get("version", "unknown")), [endpoint.api_key or ""])
     except (OSError, ValueError, AttributeError):
         return "unknown"
 

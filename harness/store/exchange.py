@@ -18,6 +18,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
+from harness.redaction import redact
 from harness.store.cell_rows import canonical_json
 from harness.store.errors import StoreError
 from harness.store.migrations import SCHEMA_VERSION
@@ -51,7 +52,7 @@ def export_run(store: Store, run_id: str, path: str | Path, *, compact: bool = F
             f"SELECT {quoted} FROM {table} WHERE run_id = ? ORDER BY {ORDER_BY[table]}", [run_id]
         ).fetchall()
         encoders = [_encoder(types[name]) for name in columns]
-        lines = [_dumps([encode(value) for encode, value in zip(encoders, row)]) for row in rows]
+        lines = [_dumps([_redacted(encode(value)) for encode, value in zip(encoders, row)]) for row in rows]
         body = "[\n" + ",\n".join(lines) + "\n]" if lines else "[]"
         chunks.append(f'{_dumps(table)}: {{"columns": {_dumps(columns)}, "rows": {body}}}')
     head = f'{{"format": {_dumps(FORMAT)}, "schema_version": {SCHEMA_VERSION}, "run_id": {_dumps(run_id)},\n"tables": {{\n'
@@ -102,6 +103,18 @@ def import_run(store: Store, path: str | Path, label: str | None = None) -> str:
             else:
                 insert_columns(store.con, table, types, columns, {"run_id": run_id})
     return run_id
+
+
+def _redacted(value):
+    """Text values with secrets masked (`harness.redaction`): an export may be committed. Recording redacts
+    already; this also covers runs recorded before it did."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [_redacted(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    return value
 
 
 def _dumps(value) -> str:

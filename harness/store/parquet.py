@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from harness.redaction import redact
 from harness.store.errors import StoreError
 from harness.store.migrations import SCHEMA_VERSION
 from harness.store.store import Store
@@ -52,12 +53,32 @@ def export_parquet(store: Store, run_ids: Iterable[str], directory: str | Path) 
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f".{path.name}.partial")
             store.con.execute(
-                f"COPY (SELECT * FROM {table} WHERE run_id = {_literal(run_id)} ORDER BY {ORDER_BY[table]}) "
+                f"COPY (SELECT *{_redacting(store, table)} FROM {table} WHERE run_id = {_literal(run_id)} ORDER BY {ORDER_BY[table]}) "
                 f"TO {_literal(str(partial))} (FORMAT parquet, KV_METADATA {{schema_version: '{SCHEMA_VERSION}'}})"
             )
             os.replace(partial, path)
             written.append(path)
     return written
+
+
+REDACTED_COLUMNS = ("error", "log")  # what a backend or server said: may echo a secret (harness.redaction)
+
+
+def _redact_one(text: str | None) -> str | None:
+    return redact(text)
+
+
+def _redacting(store: Store, table: str) -> str:
+    """` REPLACE (…)` masking secrets in the table's error/log text (recording redacts already; this also
+    covers runs recorded before it did)."""
+    columns = [c for c, kind in column_types(store.con, table).items() if c in REDACTED_COLUMNS and kind == "VARCHAR"]
+    if not columns:
+        return ""
+    registered = store.con.execute(
+        "SELECT 1 FROM duckdb_functions() WHERE function_name = 'harness_redact'").fetchall()
+    if not registered:
+        store.con.create_function("harness_redact", _redact_one, ["VARCHAR"], "VARCHAR", null_handling="special")
+    return " REPLACE (" + ", ".join(f'harness_redact("{c}") AS "{c}"' for c in columns) + ")"
 
 
 def import_parquet(store: Store, directory: str | Path) -> tuple[list[str], list[str]]:

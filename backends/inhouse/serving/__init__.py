@@ -1,0 +1,1 @@
+"""The parts of `harness serve` (backends.inhouse.server), one concern each."""
