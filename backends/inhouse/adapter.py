@@ -23,7 +23,7 @@ from backends.inhouse.engine import Completed, Engine, EngineConfig, Request
 from backends.inhouse.load import LoadSpec, run_load
 from harness import model_refs
 from harness.cells import CalibrationBin, Cell, CellResult, RequestResult
-from harness.metrics import MeasurementWindow, SLA, StepRecord, from_counters, summarise
+from harness.metrics import MeasurementWindow, StepRecord, from_counters, summarise
 from harness.tasks.prompts import stop_tokens
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -290,9 +290,8 @@ class InhouseBackend:
         window = MeasurementWindow.after_warmup_phase(
             [r.record for r in requests if not r.warmup], [r.record for r in requests if r.warmup])
         records = [r.record for r in requests]
-        sla = SLA(ttft_s=cell.sla.ttft_s, tpot_s=cell.sla.tpot_s) if cell.sla is not None else None
         temperatures = sts[: cell.num_drafts] if sts and not cell.is_plain else None
-        metrics = summarise(records, steps, window, sla=sla, temperatures=temperatures)
+        metrics = summarise(records, steps, window, sla=cell.sla, temperatures=temperatures)
         import transformers
 
         provenance = {
