@@ -14,6 +14,7 @@ the same requests with the same randomness source.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -172,10 +173,8 @@ class InhouseBackend:
             elif d.method == "draft_model":
                 drafter, info = self._draft_model(cell, target)
             else:
-                from dspark_core.checkpoint import load_draft
-
                 ref = model_refs.resolve(d.checkpoint or "")
-                model = load_draft(ref.location, device=target.model.device, dtype=target.model.dtype, target=target.model)
+                model = _load_weighted_draft(ref, target)
                 if model.config.method != d.method:
                     raise BackendError(f"checkpoint {d.checkpoint} holds a {model.config.method!r} draft, not {d.method!r}")
                 if d.head is not None and getattr(model.config, "head", None) != d.head:
@@ -329,3 +328,19 @@ def calibration_bins(records, window: MeasurementWindow, temperatures) -> list[C
             acc[4] += real
         out += [CalibrationBin(kind, 0, b, lo, hi, int(n), c, r) for b, (lo, hi, n, c, r) in sorted(pooled.items())]
     return out
+
+
+def _load_weighted_draft(ref, target: _Target):
+    """A draft in our format (draft_config.json), else a released DeepSpec / vLLM-layout checkpoint
+    (config.json: `Qwen3DSparkModel`, DSpark or DFlash); a hub id is fetched into (or read from) the HF cache."""
+    from dspark_core.checkpoint import load_deepspec_draft, load_draft
+
+    location = Path(ref.location)
+    if not ref.is_local:
+        from huggingface_hub import snapshot_download
+
+        location = Path(snapshot_download(ref.location))
+    load = load_draft if (location / "draft_config.json").is_file() or not (location / "config.json").is_file() \
+        else load_deepspec_draft
+    return load(location, device=target.model.device, dtype=target.model.dtype, target=target.model)
+
