@@ -28,7 +28,8 @@ BACKENDS: dict[str, str] = {
 }
 
 
-# server backends: name → "module:function" building a cell's server argv (for --dry-run; no engine import)
+# server backends: name → "module:function" building a cell's server argv (no engine import); the dry run
+# asks the backend itself (`server_command`, after `plan_servers`) for the argv it will launch
 SERVER_COMMANDS: dict[str, str] = {
     "vllm": "backends.vllm.server:server_argv",
     "sglang": "backends.sglang.server:server_argv",
@@ -107,11 +108,3 @@ def option_flags(options: dict, skip=()) -> list[str]:
         elif value is not False and value is not None:
             flags += [flag, str(value)]
     return flags
-
-
-def server_argv(cell: Cell, options: dict | None = None) -> list[str] | None:
-    """The server argv a cell of a server backend would launch; None for in-process backends."""
-    if cell.backend not in SERVER_COMMANDS:
-        return None
-    module_name, _, function = SERVER_COMMANDS[cell.backend].partition(":")
-    return getattr(importlib.import_module(module_name), function)(cell, options or {})
