@@ -31,7 +31,8 @@ ALGORITHM_SINCE = {
     "DSPARK": Since(None, "a build with the DSpark worker"),
 }
 # The adapter's own options (backends/sglang/adapter.py), never passed to the server as flags.
-ADAPTER_OPTIONS = ("python", "port", "host", "env", "startup_timeout_s", "log_path", "timeout_s")
+# served_model_name is replaced by each start's own (identity_flags): /generate takes no model name.
+ADAPTER_OPTIONS = ("python", "port", "host", "env", "startup_timeout_s", "log_path", "timeout_s", "served_model_name")
 
 
 def server_argv(cell: Cell, options: Mapping[str, Any] | None = None, *, max_running: int | None = None,

@@ -65,8 +65,9 @@ NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 #                         in the responses (vLLM ≥ 0.32; false leaves the flag out for older servers)
 #   log_path              also write the server's whole log there
 #   timeout_s             the client's socket timeout per read (600)
+#   served_model_name     the name(s) clients send (default: the target); each start adds one of its own
 ADAPTER_OPTIONS = ("python", "port", "host", "env", "startup_timeout_s", "export_dir", "draft_layout",
-                   "dspark_draft_topk", "per_request_spec_decode_metrics", "log_path", "timeout_s")
+                   "dspark_draft_topk", "per_request_spec_decode_metrics", "log_path", "timeout_s", "served_model_name")
 
 
 def draft_location(cell: Cell, options: Mapping[str, Any] | None = None) -> tuple[str, str | None]:
@@ -158,5 +159,6 @@ def cell_load(cell: Cell) -> int:
 
 
 def identity_flags(cell: Cell, name: str, options: Mapping[str, Any] | None = None) -> list[str]:
-    """Serve the model under its usual name and `name` too: /v1/models then shows this start's name."""
-    return ["--served-model-name", model_refs.resolve(cell.target.path).location, name]
+    """Serve the model under its usual name(s) and `name` too: /v1/models then shows this start's name."""
+    usual = (options or {}).get("served_model_name") or model_refs.resolve(cell.target.path).location
+    return ["--served-model-name", *([usual] if isinstance(usual, str) else [str(u) for u in usual]), name]

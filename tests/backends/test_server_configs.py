@@ -59,6 +59,15 @@ def test_cells_differing_only_in_load_share_one_server_started_for_the_largest(e
     assert _flag(backend.server_argv(c1), load_flag) == "256"
 
 
+def test_each_start_adds_its_own_served_model_name_to_the_usual_ones():
+    plain, named = _backend("vllm", {}), _backend("vllm", {"served_model_name": "qwen"})
+    cell = _cell()
+    assert plain.identity_flags(cell, "harness-1")[1:] == [plain.server_argv(cell)[4], "harness-1"]  # the --model
+    assert named.identity_flags(cell, "harness-1") == ["--served-model-name", "qwen", "harness-1"]
+    assert "--served-model-name" not in named.server_argv(cell)  # once, at launch, with this start's name
+    assert _backend("sglang", {}).identity_flags(cell, "harness-1") == ["--served-model-name", "harness-1"]
+
+
 def test_in_process_backends_have_no_server_config():
     from backends.openai.adapter import OpenAIBackend
 
