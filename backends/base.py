@@ -2,7 +2,10 @@
 
 The harness talks to engines only through `Backend`: `check` a cell before anything runs (so a
 suite that cannot run fails before it measures), `run_cell` to measure one, `server_command` to show
-what a server backend would launch (`harness run --dry-run`), `close` to free what it holds. Backends
+what a server backend would launch (`harness run --dry-run`), `close` to free what it holds. Server
+backends also say which server a cell needs (`server_config_key`) and are told every cell before any runs
+(`plan_servers`), so that cells differing only in client load share one server started for the largest
+load among them; `server_config_key` and `plan_servers` below give every backend those (None, no-op). Backends
 are found by name through `"module:Class"` strings and imported only when a cell needs them, so
 `import harness` never imports vllm or sglang and CPU machines run without them.
 """
@@ -25,7 +28,8 @@ BACKENDS: dict[str, str] = {
 }
 
 
-# server backends: name → "module:function" building a cell's server argv (for --dry-run; no engine import)
+# server backends: name → "module:function" building a cell's server argv (no engine import); the dry run
+# asks the backend itself (`server_command`, after `plan_servers`) for the argv it will launch
 SERVER_COMMANDS: dict[str, str] = {
     "vllm": "backends.vllm.server:server_argv",
     "sglang": "backends.sglang.server:server_argv",
@@ -54,6 +58,23 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Free models, servers and caches."""
+
+    # optional (see `server_config_key` / `plan_servers` below for the defaults):
+    #   server_config_key(cell) -> str | None   the server process the cell needs: its argv less client load
+    #   plan_servers(cells) -> None              all of this backend's cells, once before any runs
+
+
+def server_config_key(backend, cell: Cell) -> str | None:
+    """The server configuration `cell` runs on (cells with equal keys share a server); None: in process."""
+    key = getattr(backend, "server_config_key", None)
+    return key(cell) if key is not None else None
+
+
+def plan_servers(backend, cells) -> None:
+    """Tell `backend` every cell it will run, so each server starts once, for the largest load it serves."""
+    plan = getattr(backend, "plan_servers", None)
+    if plan is not None:
+        plan(list(cells))
 
 
 def backend_class(name: str) -> type:
@@ -87,11 +108,3 @@ def option_flags(options: dict, skip=()) -> list[str]:
         elif value is not False and value is not None:
             flags += [flag, str(value)]
     return flags
-
-
-def server_argv(cell: Cell, options: dict | None = None) -> list[str] | None:
-    """The server argv a cell of a server backend would launch; None for in-process backends."""
-    if cell.backend not in SERVER_COMMANDS:
-        return None
-    module_name, _, function = SERVER_COMMANDS[cell.backend].partition(":")
-    return getattr(importlib.import_module(module_name), function)(cell, options or {})

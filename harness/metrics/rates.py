@@ -47,22 +47,28 @@ def failed_request_rate(records: Sequence[RequestRecord], window: MeasurementWin
 
 @dataclass(frozen=True)
 class SLA:
-    """Per-request service bounds; None leaves a bound out. A request meets the SLA iff it succeeded and
-    meets every bound that applies to it: a one-token request has no TPOT or decode speed, so those
-    bounds are vacuous for it (its TTFT bound still applies)."""
+    """Per-request service bounds, the one SLA type: the suite's `sla:` section (harness.suite.schema checks
+    its values), a cell's `sla` and what goodput and attainment judge by. None leaves a bound out.
 
-    max_ttft_s: float | None = None
-    max_tpot_s: float | None = None
+    ttft_s                 time to first token at most this
+    tpot_s                 time per output token (after the first) at most this
+    min_user_tokens_per_s  the request's decode speed at least this
+
+    A request meets the SLA iff it succeeded and meets every bound that applies to it: a one-token request
+    has no TPOT or decode speed, so those bounds are vacuous for it (its TTFT bound still applies)."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
     min_user_tokens_per_s: float | None = None
 
     def met_by(self, record: RequestRecord) -> bool:
-        """SQL: `error IS NULL AND coalesce(ttft <= :max_ttft_s, true) AND coalesce(tpot <= :max_tpot_s, true)
-        AND coalesce(user_speed >= :min_speed, true)` (NULL metric or NULL bound passes)."""
+        """SQL: `error IS NULL AND coalesce(ttft <= :ttft_s, true) AND coalesce(tpot <= :tpot_s, true)
+        AND coalesce(user_speed >= :min_user_tokens_per_s, true)` (NULL metric or NULL bound passes)."""
         if record.failed:
             return False
         checks = (
-            (self.max_ttft_s, latency.ttft(record), lambda x, bound: x <= bound),
-            (self.max_tpot_s, latency.tpot(record), lambda x, bound: x <= bound),
+            (self.ttft_s, latency.ttft(record), lambda x, bound: x <= bound),
+            (self.tpot_s, latency.tpot(record), lambda x, bound: x <= bound),
             (self.min_user_tokens_per_s, latency.user_speed(record), lambda x, bound: x >= bound),
         )
         return all(bound is None or x is None or ok(x, bound) for bound, x, ok in checks)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from harness.cells import SLASpec
 from harness.gate.rules import GateRule, Validity
+from harness.metrics import SLA
 from harness.suite.document import Locations, canonical_text, read_document
 from harness.suite.errors import SuiteError, did_you_mean
 from harness.suite.expand import expand
@@ -41,7 +41,7 @@ class Suite:
     matrix: Matrix
     gates: tuple[GateRule, ...]  # sorted by metric
     validity: Validity
-    sla: SLASpec | None
+    sla: SLA | None
     targets: dict[str, TargetEntry]
     drafters: dict[str, DrafterEntry]  # as defined; the built-in `none` is added by schema.drafters_of
     tasks: dict[str, TaskEntry]
@@ -83,7 +83,7 @@ def parse_suite_text(text: str, path: str = "<text>", *,
         defaults=doc.defaults, matrix=doc.matrix,
         gates=tuple(GateRule(metric=metric, **doc.gates[metric].model_dump()) for metric in sorted(doc.gates)),
         validity=Validity(**doc.validity.model_dump()),
-        sla=SLASpec(**doc.sla.model_dump()) if doc.sla is not None else None,
+        sla=SLA(**doc.sla.model_dump()) if doc.sla is not None else None,
         targets=doc.targets, drafters=doc.drafters, tasks=doc.tasks, policies=doc.policies,
         backend_options=doc.backend_options, resources=doc.resources, locations=document.locations,
     )

@@ -307,13 +307,16 @@ class Matrix(Section):
 
 
 class SLA(Section):
+    """harness.metrics.SLA as the suite writes it: the same fields, checked (a test keeps them equal)."""
+
     ttft_s: Annotated[float, Field(gt=0)] | None = None
     tpot_s: Annotated[float, Field(gt=0)] | None = None
+    min_user_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> SLA:
-        if self.ttft_s is None and self.tpot_s is None:
-            fail("an sla sets ttft_s and/or tpot_s (leave sla out for none)")
+        if self.ttft_s is None and self.tpot_s is None and self.min_user_tokens_per_s is None:
+            fail("an sla sets ttft_s, tpot_s and/or min_user_tokens_per_s (leave sla out for none)")
         return self
 
 

@@ -159,10 +159,10 @@ W = MeasurementWindow(0.0, 10.0)
 
 def test_throughput_and_goodput_excluding_an_sla_miss():
     assert throughput([R1, R2, R3], W) == Metric(4.3, "tokens/s", 3)  # (11 + 11 + 21) / 10
-    sla = SLA(max_ttft_s=0.5, max_tpot_s=0.25)  # R2 misses on TTFT
+    sla = SLA(ttft_s=0.5, tpot_s=0.25)  # R2 misses on TTFT
     assert goodput([R1, R2, R3], W, sla) == Metric(3.2, "tokens/s", 2)  # (11 + 21) / 10
     assert sla_attainment([R1, R2, R3], W, sla).value == pytest.approx(2 / 3)
-    strict = SLA(max_ttft_s=0.5, min_user_tokens_per_s=6.0)  # R1 (5 tok/s) misses too
+    strict = SLA(ttft_s=0.5, min_user_tokens_per_s=6.0)  # R1 (5 tok/s) misses too
     assert goodput([R1, R2, R3], W, strict).value == pytest.approx(2.1)  # 21 / 10
     # a one-token request has no decode phase: the TPOT and speed bounds are vacuous, TTFT still applies
     assert strict.met_by(req(out=1, arrival=0.0, first=0.1, finish=0.1))
@@ -205,7 +205,7 @@ def test_summarise_long_form_rows_and_speedup():
                  verified=(3, 3), accepted=(1, 1), error="abort")
     steps = [StepRecord(0, 1.0, 2, 6, 2, 0.5), StepRecord(1, 1.5, 2, 6, 2, 0.5), StepRecord(2, 20.0, 1, 3, 3, 0.5)]
     plain = MetricSet({"throughput": Metric(0.25, "tokens/s", 1), "user_speed_mean": Metric(2.0, "tokens/s", 1)})
-    ms = summarise([spec_a, spec_b], steps, MeasurementWindow(0.0, 10.0), sla=SLA(max_ttft_s=1.0), plain=plain)
+    ms = summarise([spec_a, spec_b], steps, MeasurementWindow(0.0, 10.0), sla=SLA(ttft_s=1.0), plain=plain)
     assert isinstance(ms, MetricSet) and ms["acceptance_length"] == Metric(2.0, "tokens/step", 2)  # (2 + 2) / 2
     assert ms.value("throughput") == 0.5  # 5 / 10 (b failed)
     assert ms.value("failed_request_rate") == 0.5

@@ -31,7 +31,16 @@ if "--fail-start" in ARGV:
     print("ValueError: this configuration is not supported", flush=True)
     sys.exit(3)
 
+def _args(name):
+    """The values after `name` up to the next flag (vLLM's --served-model-name takes several)."""
+    if name not in ARGV:
+        return []
+    rest = ARGV[ARGV.index(name) + 1:]
+    return rest[:next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))]
+
+
 PORT = int(_arg("--port", "8000"))
+SERVED = _args("--served-model-name") or ["fake-model"]
 SPEC = json.loads(_arg("--speculative-config", "null") or "null")
 GAMMA = int(SPEC["num_speculative_tokens"]) if SPEC else int(_arg("--speculative-num-steps", "0"))
 PER_REQUEST = _arg("--per-request-spec-decode-metrics")
@@ -76,7 +85,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self._json({})
         elif self.path == "/v1/models":
-            self._json({"data": [{"id": "fake-model"}]})
+            self._json({"data": [{"id": name} for name in SERVED]})
         elif self.path in ("/version", "/server_info", "/get_server_info"):
             self._json({"version": "fake-1.0"})
         elif self.path == "/metrics":

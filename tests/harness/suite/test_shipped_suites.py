@@ -55,7 +55,7 @@ def test_h100_suite_uses_hub_ids():
     cells = expand(suite)
     assert {c.backend for c in cells} == {"vllm", "sglang", "inhouse"}
     assert {c.target.path for c in cells} == {"Qwen/Qwen3-8B"} and {c.target.dtype for c in cells} == {"bfloat16"}
-    assert {c.concurrency for c in cells} == {1, 8, 32, 64} and {c.num_drafts for c in cells} == {0, 3, 7}
+    assert {c.concurrency for c in cells} == {1, 8, 32, 64} and {c.num_drafts for c in cells} == {0, 3, 7, 15}
     assert all(80 <= c.task.n_samples <= 200 and 512 <= c.task.max_new_tokens <= 1024 for c in cells)
     check_paths(suite)  # hub ids are not checked
 

@@ -178,7 +178,7 @@ sla: {ttft_s: 2.0}
      "policies.thr07.sps_table: sps_table applies to policies scheduler, budget, adaptive only, not threshold"),
     ("  tiny: {path: embedded}", "  tiny my: {path: embedded}", "tiny my",
      "targets.tiny my: names are letters, digits, '_', '.' and '-' (starting with a letter or digit), got 'tiny my'"),
-    ("name: tiny", "name: tiny\nsla: {}", "{}", "sla: an sla sets ttft_s and/or tpot_s (leave sla out for none)"),
+    ("name: tiny", "name: tiny\nsla: {}", "{}", "sla: an sla sets ttft_s, tpot_s and/or min_user_tokens_per_s (leave sla out for none)"),
     ("name: tiny", "name: tiny\ndefaults: {concurrency: 1, rate: 2.0}", "rate",
      "defaults.rate: give concurrency (closed loop) or rate (open loop), not both"),
     ("  concurrency: [1, 4]", "  concurrency: [1, 4]\n  include: [{drafter: dspark, concurrency: 2, rate: 2.0}]", "rate",

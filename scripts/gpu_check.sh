@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The one prepared GPU check, for the day a GPU machine is lent (torch, triton and transformers there; no
+# network, no vLLM). Finishes in <= 8 min on an H200 and writes pytest-benchmark JSON for `harness ingest`:
+#   1. kernels.json  the Triton kernels compiled for the device against their torch twins (every kernel test),
+#                    then their micro-benchmarks (scripts/gpu_kernels.sh; at most 5 min);
+#   2. engine.json   the in-house engine at Qwen3-8B shapes with random weights (built from a config, nothing
+#                    downloaded): step time vs batch size and verified tokens (SPS(B) for this GPU, also saved
+#                    as sps.json for the scheduler/budget policies) and the Markov head's share of a step
+#                    (benchmarks/gpu_engine.py; at most 3 min).
+# Usage: bash scripts/gpu_check.sh [DIR]            (default: ${OUT:-results}/gpu_check)
+#        GPU_CHECK_TOY=1 bash scripts/gpu_check.sh DIR   the same on the CPU at toy shapes: a dry run of the
+#                    script (the kernels' micro-benchmarks need CUDA: kernels.json then lists none)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+DIR=${1:-${OUT:-results}/gpu_check}
+mkdir -p "$DIR"
+start=$(date +%s)
+if [ "${GPU_CHECK_TOY:-0}" = 1 ]; then
+  echo "== toy dry run on the CPU =="
+  # the kernels' micro-benchmarks need CUDA (their correctness tests run interpreted in the CPU pytest run)
+  echo '{"benchmarks": [], "machine_info": {"note": "toy dry run: kernel micro-benchmarks need CUDA"}}' > "$DIR/kernels.json"
+  "$PY" -m benchmarks.gpu_engine --toy --out "$DIR/engine.json" --sps-table "$DIR/sps.json"
+else
+  echo "== 1/2 kernels: tests compiled for the device, then micro-benchmarks =="
+  timeout 300 bash scripts/gpu_kernels.sh "$DIR/kernels.json"
+  echo "== 2/2 engine at Qwen3-8B shapes, random weights =="
+  timeout 180 "$PY" -m benchmarks.gpu_engine --out "$DIR/engine.json" --sps-table "$DIR/sps.json"
+fi
+"$PY" - "$DIR/kernels.json" "$DIR/engine.json" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    doc = json.load(open(path))
+    assert isinstance(doc.get("benchmarks"), list), f"{path}: not pytest-benchmark JSON"
+    print(f"{path}: {len(doc['benchmarks'])} benchmarks")
+PY
+echo "done in $(( $(date +%s) - start )) s; ingest with: harness ingest $DIR/kernels.json; harness ingest $DIR/engine.json"
