@@ -159,7 +159,7 @@ def cmd_gate(args) -> int:
 def cmd_compare(args) -> int:
     from harness.gate.command import compare_command
 
-    return compare_command(args.db, args.run_a, args.run_b, metrics=args.metric, fmt=args.format)
+    return compare_command(args.db, args.run_a, args.run_b, metrics=args.metric, fmt=args.format, show_all=args.all)
 
 
 def cmd_history(args) -> int:
