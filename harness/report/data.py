@@ -22,9 +22,9 @@ HISTORY_METRIC = "acceptance_length"
 
 # The summary table: (metric name in v_metrics, column heading, factor for display)
 SUMMARY_METRICS = (
-    ("acceptance_length", "τ", 1.0),
+    ("acceptance_length", "τ (tokens/step)", 1.0),
     ("throughput", "throughput (tok/s)", 1.0),
-    ("speedup", "speedup", 1.0),
+    ("speedup", "speedup (×)", 1.0),
     ("ece_raw", "ECE raw", 1.0),
     ("ece_calibrated", "ECE cal", 1.0),
     ("ttft_p50", "TTFT p50 (ms)", 1e3),
@@ -114,7 +114,8 @@ POSITIONS_SQL = f"""
     SELECT c.backend, c.target, c.drafter, c.policy, top.gamma, p.position,
            sum(p.accepted_k)::DOUBLE / nullif(sum(p.verified_k), 0) AS unconditional,
            sum(p.accepted_k)::DOUBLE / nullif(sum(p.reached_k), 0) AS conditional,
-           sum(p.verified_k)::BIGINT AS verified
+           sum(p.verified_k)::BIGINT AS verified, sum(p.accepted_k)::BIGINT AS accepted,
+           sum(p.reached_k)::BIGINT AS reached
     FROM v_positions p JOIN c USING (run_id, cell_id, repeat)
     JOIN top ON top.backend = c.backend AND top.target = c.target AND top.drafter = c.drafter
      AND top.policy = c.policy AND c.num_drafts = top.gamma

@@ -40,6 +40,8 @@ class Line(NamedTuple):
     hi: Sequence[float | None] | None = None
     xlo: Sequence[float | None] | None = None  # horizontal bars (Pareto: x is a measured rate too)
     xhi: Sequence[float | None] | None = None
+    tags: Sequence[str] | None = None  # a short text beside each point (Pareto: its load)
+    reference: bool = False  # the baseline series (plain decoding): drawn black and thicker, above the rest
 
 
 class Style(NamedTuple):
@@ -73,7 +75,9 @@ def panel_grid(panels: Sequence[Panel], ncols: int = 3, title: str | None = None
     ncols = max(1, min(ncols, len(panels)))
     nrows = max(1, math.ceil(len(panels) / ncols))
     fig = _figure(ncols * PANEL_SIZE[0], nrows * PANEL_SIZE[1] + (0.4 if title else 0))
-    colours = styles([line.key or label for p in panels for label, line in p.lines.items()])
+    colours = styles([line.key or label for p in panels for label, line in p.lines.items() if not line.reference])
+    colours.update({line.key or label: Style("black", "o", "--") for p in panels for label, line in p.lines.items()
+                    if line.reference})
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for index, ax in enumerate(axes.flat):
         if index >= len(panels):
@@ -200,16 +204,22 @@ def _draw_panel(ax, panel: Panel, colours: dict[str, Style], legend: bool = True
         yerr = _bars(ys, line.lo, line.hi, points)
         xerr = _bars([line.xs[i] for i in points], line.xlo, line.xhi, points)
         linestyle = ("--" if line.dashed else style.linestyle) if panel.connect else "none"
-        ax.errorbar(xs, ys, yerr=yerr, xerr=xerr, marker=style.marker, markersize=5, linewidth=1.4,
-                    linestyle=linestyle, color=style.color, label=_short(label), capsize=2.5 if yerr or xerr else 0,
-                    elinewidth=0.9, markeredgecolor="white" if n % 2 else style.color, markeredgewidth=0.6,
-                    zorder=3 + (len(series) - n) * 0.01)
+        color = "black" if line.reference else style.color
+        ax.errorbar(xs, ys, yerr=yerr, xerr=xerr, marker=style.marker, markersize=5, linewidth=2.2 if line.reference
+                    else 1.4, linestyle=linestyle, color=color, label=_short(label), capsize=2.5 if yerr or xerr else 0,
+                    elinewidth=0.9, markeredgecolor="white" if n % 2 else color, markeredgewidth=0.6,
+                    zorder=(4 if line.reference else 3) + (len(series) - n) * 0.01)
+        if line.tags is not None:
+            for x, y, i in zip(xs, ys, points):
+                ax.annotate(line.tags[i], (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7, color=color)
     for y, text in panel.hlines:
         ax.axhline(y, color="#b22222", linestyle=(0, (6, 3)), linewidth=1.2, zorder=2)
         ax.annotate(text, xy=(1.0, y), xycoords=("axes fraction", "data"), xytext=(-4, 3), textcoords="offset points",
                     ha="right", va="bottom", fontsize=8, color="#b22222")
     if log:
         ax.set_xscale("log", base=2)
+    elif len(set(all_xs)) == 1:  # one x (a single γ): keep the dodged series near it, not spread edge to edge
+        ax.set_xlim(all_xs[0] - 1, all_xs[0] + 1)
     if panel.integer_x or panel.log2_x:
         ticks = sorted(set(all_xs))
         if len(ticks) <= 12:

@@ -128,22 +128,26 @@ def positions_section(data: RunData, out: Path) -> Section:
     if not rows:
         return Section("positions", title, note(
             "No verified draft positions in this run (no succeeded speculative cell)."))
-    alpha = Panel("unconditional α_k = accepted_k / verified_k", "draft position k", "acceptance", integer_x=True,
+    alpha = Panel("unconditional α_k = accepted_k / verified_k", "draft position k", "acceptance", integer_x=True, dodge=True,
                   ylim=(0, 1.02))
-    beta = Panel("conditional β_k = accepted_k / reached_k", "draft position k", "acceptance", integer_x=True,
+    beta = Panel("conditional β_k = accepted_k / reached_k", "draft position k", "acceptance", integer_x=True, dodge=True,
                  ylim=(0, 1.02))
     axes = _varying(rows, ("policy", "target", "backend"))
     for r in rows:
         label = _line_label(f"{r['drafter']} (γ{r['gamma']})", r, axes)
-        for panel, column in ((alpha, "unconditional"), (beta, "conditional")):
-            line = panel.lines.setdefault(label, Line([], []))
+        for panel, column, trials in ((alpha, "unconditional", "verified"), (beta, "conditional", "reached")):
+            line = panel.lines.setdefault(label, Line([], [], lo=[], hi=[]))
+            low, high = wilson(r.get("accepted"), r.get(trials))
             line.xs.append(r["position"])
             line.ys.append(r[column])
+            line.lo.append(low)
+            line.hi.append(high)
     body = [
         image(_save(figures.panel_grid([alpha, beta], ncols=2), out, "positions.png"),
               "per-position acceptance, unconditional and conditional, per drafter"),
         note("Each drafter and policy at its largest γ, pooled over tasks, loads and repeats (v_positions); policies "
-             "are kept apart (a policy that verifies fewer drafts changes who reaches position k). α_k: draft k "
+             "are kept apart (a policy that verifies fewer drafts changes who reaches position k); bars: 95% "
+             "Wilson intervals over the verify steps (steps treated as independent). α_k: draft k "
              "accepted among steps that verified it; β_k: among steps that reached it (drafts 1 … k−1 accepted)."),
     ]
     return Section("positions", title, "\n".join(body))
@@ -213,7 +217,7 @@ def _series_name(r: dict, axes: Sequence[str]) -> tuple[str, bool]:
 
 
 def _add_point(panel: Panel, label: str, plain: bool, x, r: dict, column: str, factor: float = 1.0) -> None:
-    line = panel.lines.setdefault(label, Line([], [], key=label, dashed=plain, lo=[], hi=[]))
+    line = panel.lines.setdefault(label, Line([], [], key=label, dashed=plain, lo=[], hi=[], reference=plain))
     scaled = [r.get(k) * factor if r.get(k) is not None else None for k in (column, f"{column}_lo", f"{column}_hi")]
     line.xs.append(x)
     line.ys.append(scaled[0])
@@ -228,6 +232,8 @@ def _load_grid(rows: list[dict], axis: str, axis_label: str, columns, axes, hlin
             empty = ("no plain-decoding cell at these loads, so no speedup" if column == "speedup" else "no data")
             factor = 1e3 if ylabel.endswith("(ms)") else 1.0
             lines = tuple(hlines(sla_key[0]) if hlines and sla_key else ())
+            if column == "speedup":
+                lines = ((1.0, "1× = plain decoding"),)
             panel = Panel(f"task {task}: {ylabel.split(' (')[0]}", axis_label, ylabel, empty=empty, log2_x=True,
                           dodge=True, hlines=lines)
             for r in (r for r in rows if r["task"] == task):
@@ -258,7 +264,7 @@ def load_section(data: RunData, out: Path) -> Section:
     if not any(r["method"] == "none" for r in rows):
         body.append(note("This run has no plain-decoding cell, so speculative decoding has nothing to be compared "
                          "with: no plain line and no speedup."))
-    body.append(note("Lines: plain decoding (dashed) and each drafter × γ × verification policy (static, "
+    body.append(note("Lines: plain decoding (black, dashed) and each drafter × γ × verification policy (static, "
                      f"scheduler, …); points are means over repeats (v_metrics), {BARS}; series are set slightly "
                      "apart sideways so equal values stay visible; speedup pairs each cell with plain decoding of "
                      "the same run, task and load (v_speedup)."))
@@ -279,7 +285,9 @@ def pareto_section(data: RunData, out: Path) -> Section:
         panel = Panel(f"task {task}", "throughput (output tokens/s, all users)", "per-user speed p50 (tokens/s/user)")
         for r in sorted((r for r in rows if r["task"] == task), key=lambda r: (r["concurrency"] or 0, r["rate"] or 0)):
             label, plain = _series_name(r, axes)
-            line = panel.lines.setdefault(label, Line([], [], key=label, dashed=plain, lo=[], hi=[], xlo=[], xhi=[]))
+            line = panel.lines.setdefault(label, Line([], [], key=label, dashed=plain, lo=[], hi=[], xlo=[], xhi=[],
+                                                      tags=[], reference=plain))
+            line.tags.append(f"c{r['concurrency']}" if r["concurrency"] is not None else f"r{r['rate']:g}")
             line.xs.append(r["throughput"])
             line.ys.append(r["user_speed_p50"])
             line.lo.append(r["user_speed_p50_lo"])
@@ -292,7 +300,7 @@ def pareto_section(data: RunData, out: Path) -> Section:
               "per-user speed against total throughput, per task, one line per drafter, γ and policy"),
         note("Each line walks the loads of one configuration (closed-loop concurrency, then open-loop rate, low to "
              "high): up is faster for each user, right is more tokens for the machine. A speculative line above and "
-             "right of plain decoding (dashed) wins at that load; where it falls below, the drafts cost more than "
+             "right of plain decoding (black, dashed) wins at that load (c: concurrency, r: request rate beside each point); where it falls below, the drafts cost more than "
              f"they save. Points are means over repeats, {BARS} in both directions."),
     ]
     return Section("pareto", title, "\n".join(body))
@@ -423,6 +431,16 @@ def _duration(seconds: float | None) -> str | None:
     minutes, secs = divmod(float(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{int(hours)}h {int(minutes):02d}m {secs:04.1f}s" if hours else f"{int(minutes)}m {secs:04.1f}s"
+
+
+def wilson(successes, trials, z: float = 1.96) -> tuple[float | None, float | None]:
+    """The Wilson score interval of a binomial proportion; (None, None) without trials."""
+    if not trials or successes is None:
+        return None, None
+    p, n = successes / trials, trials
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _metadata(value):
