@@ -224,3 +224,12 @@ def test_run_against_an_existing_endpoint_without_yaml(tmp_path, data_env, capsy
     (backend, status, suite_name, suite_text), = rows
     assert (backend, status, suite_name) == ("openai", "ok", "endpoint-embedded")
     assert f"127.0.0.1:{port}" in suite_text  # the run stores the suite it ran
+
+
+def test_query_prints_markdown(tmp_path, capsys):
+    db = tmp_path / "h.duckdb"
+    with Store.open(db):
+        pass
+    assert main(["query", "--db", str(db), "--format", "markdown", "select 1.5 as n, 'a|b' as s"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["| n | s |", "|---:|---|", "| 1.5 | a\\|b |"]
