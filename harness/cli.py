@@ -8,8 +8,9 @@
     harness run --endpoint URL --model NAME [--task gsm8k …]   (an existing OpenAI-compatible server)
     harness query [--db PATH] [--format table|csv|json|markdown] "SQL"
     harness gate [--db PATH] [--run RUN|latest] [--baseline RUN|latest|BRANCH|FILE.json] [--format …] [--output FILE]
-    harness compare RUN_A RUN_B · harness history METRIC [--where SQL] · harness report RUN --out DIR
-    harness audit SUITE.yaml · harness ingest FILE · harness baseline export|import …
+    harness compare RUN_A RUN_B [--all] [--format table|markdown|csv|json] · harness history METRIC [--where SQL]
+    harness report RUN --out DIR · harness audit SUITE.yaml [--db PATH] · harness ingest FILE
+    harness baseline export|import …
     harness export RUN… --parquet DIR · harness import DIR   (a history pooled from many machines)
     harness serve [--target …] [--drafter-method …] [--port …]   (OpenAI-compatible server, in-house engine)
     harness embedded build|evaluate …
