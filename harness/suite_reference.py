@@ -333,7 +333,8 @@ def markdown() -> str:
         "accepted where a number is expected). Every missing required key is reported at once, each with "
         "`file:line:col`. `harness init suite.yaml` writes a commented starter suite that runs as it is; "
         f"[`{JSON_SCHEMA}`]({JSON_SCHEMA}) is the same schema for editors (YAML language server: "
-        f"`# yaml-language-server: $schema=docs/{JSON_SCHEMA}` on the first line).",
+        f"`# yaml-language-server: $schema=../docs/{JSON_SCHEMA}` on the first line of a file in suites/; the path "
+        "is relative to the suite file).",
         "",
         "## A complete suite",
         "",

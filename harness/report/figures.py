@@ -106,15 +106,17 @@ def history_figure(series: Sequence[tuple[str, Sequence[int], Sequence[float], S
     fig = _figure(max(7.0, min(16.0, 0.55 * len(run_labels) + 4)) + (3.5 if len(series) <= 24 else 0), 5.0)
     ax = fig.subplots()
     look = styles([str(i) for i in range(len(series))])  # by position: two cells may share a label
+    step = min(0.04, 0.5 / max(1, len(series)))  # cells with equal values side by side, not on top of each other
     for index, (label, xs, values, levels, change_indices) in enumerate(series):
         style = look[str(index)]
+        xs = [x + (index - (len(series) - 1) / 2) * step for x in xs]
         ax.plot(xs, values, marker=style.marker, markersize=4, linewidth=1, linestyle=style.linestyle,
                 color=style.color, label=_short(label), markeredgecolor="white" if index % 2 else style.color,
                 markeredgewidth=0.6)
         if change_indices:  # a flat fit would only repeat the median
             ax.step(xs, levels, where="mid", linestyle="--", linewidth=1, color=style.color, alpha=0.6)
         for i in change_indices:
-            ax.axvline(xs[i] - 0.5, color=style.color, linestyle=":", linewidth=1)
+            ax.axvline(round(xs[i]) - 0.5, color=style.color, linestyle=":", linewidth=1)
             ax.plot([xs[i]], [values[i]], marker="o", markersize=11, markerfacecolor="none",
                     markeredgecolor=style.color, markeredgewidth=1.8)
     every = math.ceil(len(run_labels) / MAX_RUN_TICKS)
