@@ -114,9 +114,10 @@ def compare_command(db, run_a: str, run_b: str, metrics: Sequence[str] | None = 
                                r.effect, *(r.ci or (None, None)), r.p_value, r.verdict, r.method, r.n)
                               for r in rows], fmt, out)
         return 0
-    counts = {v: sum(r.verdict == v for r in rows) for v in ("worse", "better", "changed", "noise")}
+    counts = {v: sum(r.verdict == v for r in rows) for v in ("worse", "better", "changed", "noise", "too few")}
     head = (f"{ids[0]} → {ids[1]}: {len(rows)} (cell, metric) rows; significant at 95%: {counts['worse']} worse, "
-            f"{counts['better']} better, {counts['changed']} changed without a direction; {counts['noise']} within noise")
+            f"{counts['better']} better, {counts['changed']} changed without a direction; {counts['noise']} within "
+            f"noise; {counts['too few']} with too few repeats to decide")
     hidden = len(rows) - len(shown)
     tail = f"{hidden} more rows: harness compare {run_a} {run_b} --all" if hidden else ""
     if fmt == "markdown":

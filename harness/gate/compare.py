@@ -4,7 +4,9 @@ The gate decides; compare only shows, but with the gate's own statistics so a nu
 noise: per (cell, metric) the estimate `harness.gate.evaluate.estimate` gives for a paired-bootstrap
 rule — a bootstrap over the prompts both runs measured for ratio metrics (τ, acceptance rates) and
 ECE, Mann-Whitney with a Hodges-Lehmann interval over repeats for the rest (throughput, latency,
-speed-up) — and the direction that is better for the metric. Rows are sorted by importance:
+speed-up) — and the direction that is better for the metric. Where the test cannot reach p < 0.05 at
+all (Mann-Whitney needs 4 repeats a side), the row says "too few" and shows no interval rather than one
+that looks decisive. Rows are sorted by importance:
 significant changes for the worse first, then for the better, then the rest by the size of the change;
 `--all` lists every row, the default the important ones. Cells or metrics present in only one run keep
 a row, with the other side empty, so nothing disappears silently from the view.
@@ -61,6 +63,7 @@ class CompareRow:
     p_value: float | None = None
     method: str = ""  # paired_bootstrap | mann_whitney | "" (one side missing)
     n: int = 0
+    decidable: bool = True  # False: at this n the test cannot reach p < α (e.g. 2 vs 2 repeats)
 
     @property
     def significant(self) -> bool:
@@ -72,6 +75,8 @@ class CompareRow:
         """worse | better | changed (significant, no direction) | noise | "" (not comparable)."""
         if self.a is None or self.b is None:
             return ""
+        if not self.decidable:
+            return "too few"
         if not self.significant:
             return "noise"
         if self.direction is None:
@@ -130,15 +135,16 @@ def compare_runs(
             except (_Skip, _Inconclusive, ValueError):
                 est = None
             if est is not None:
-                finite = est.ci is not None and all(math.isfinite(x) for x in est.ci)
+                decidable = est.min_p is None or est.min_p < ALPHA
+                finite = decidable and est.ci is not None and all(math.isfinite(x) for x in est.ci)
                 row = dataclasses.replace(row, scale=est.scale, effect=est.effect, ci=est.ci if finite else None,
-                                          p_value=est.p_value, method=est.method, n=est.n)
+                                          p_value=est.p_value, method=est.method, n=est.n, decidable=decidable)
         rows.append(row)
     rows.sort(key=importance)
     return rows
 
 
-_RANK = {"worse": 0, "better": 1, "changed": 2, "noise": 3, "": 4}
+_RANK = {"worse": 0, "better": 1, "changed": 2, "noise": 3, "too few": 4, "": 5}
 
 
 def importance(row: CompareRow) -> tuple:
@@ -156,6 +162,7 @@ def important(rows: Sequence[CompareRow], limit: int = DEFAULT_SHOWN) -> list[Co
 
 
 def _value(x: float | None, unit: str) -> str:
+    unit = "" if unit == "fraction" else unit
     if x is None:
         return ""
     if unit in MS_UNITS:
@@ -166,7 +173,7 @@ def _value(x: float | None, unit: str) -> str:
 def _effect_text(x: float, row: CompareRow) -> str:
     if row.scale == "relative":
         return change(x, "relative")
-    unit = MS_UNITS.get(row.unit, row.unit)
+    unit = MS_UNITS.get(row.unit, "" if row.unit == "fraction" else row.unit)
     value = x * 1e3 if row.unit in MS_UNITS else x
     return f"{change(value, 'absolute')} {unit}".rstrip()
 
@@ -178,7 +185,8 @@ def display_row(row: CompareRow) -> list[str]:
         shown = _effect_text(row.effect, row)
     else:
         shown = change(row.change, "relative") if row.change is not None else ""
-    interval = f"[{_effect_text(row.ci[0], row)}, {_effect_text(row.ci[1], row)}]" if row.ci else ""
+    interval = f"[{_effect_text(row.ci[0], row)}, {_effect_text(row.ci[1], row)}]" if row.ci else (
+        "" if row.decidable else "none: too few repeats")
     test = {"paired_bootstrap": f"bootstrap, {row.n} prompts", "mann_whitney": f"Mann-Whitney, {row.n} repeats"}
     return [row.label, row.metric, arrow, _value(row.a, row.unit), _value(row.b, row.unit), shown, interval,
             row.verdict, test.get(row.method, row.method)]

@@ -103,15 +103,19 @@ def history_figure(series: Sequence[tuple[str, Sequence[int], Sequence[float], S
     the cell's values), its values as points and line and, where it changes level, its step fit dashed
     and each change point circled, with a dotted line between the runs. `run_labels` name the x
     positions (oldest first): the run's date and commit, so a step can be read off against the history."""
-    fig = _figure(max(7.0, min(16.0, 0.55 * len(run_labels) + 4)) + (3.5 if len(series) <= 24 else 0), 5.0)
+    prefix = _common_prefix([label for label, *_ in series])
+    rows = math.ceil(len(series) / 2) if len(series) <= 40 else 0  # legend rows below the plot, two columns
+    fig = _figure(max(10.0, min(16.0, 0.55 * len(run_labels) + 4)), 4.6 + 0.22 * rows)
     ax = fig.subplots()
+    if prefix:
+        ax.set_title(f"cells {_short(prefix, 60)}…", fontsize=10)
     look = styles([str(i) for i in range(len(series))])  # by position: two cells may share a label
     step = min(0.04, 0.5 / max(1, len(series)))  # cells with equal values side by side, not on top of each other
     for index, (label, xs, values, levels, change_indices) in enumerate(series):
         style = look[str(index)]
         xs = [x + (index - (len(series) - 1) / 2) * step for x in xs]
         ax.plot(xs, values, marker=style.marker, markersize=4, linewidth=1, linestyle=style.linestyle,
-                color=style.color, label=_short(label), markeredgecolor="white" if index % 2 else style.color,
+                color=style.color, label=_short(label[len(prefix):], 60), markeredgecolor="white" if index % 2 else style.color,
                 markeredgewidth=0.6)
         if change_indices:  # a flat fit would only repeat the median
             ax.step(xs, levels, where="mid", linestyle="--", linewidth=1, color=style.color, alpha=0.6)
@@ -126,10 +130,24 @@ def history_figure(series: Sequence[tuple[str, Sequence[int], Sequence[float], S
     ax.set_xlabel("run: start (UTC) and commit, oldest → newest")
     ax.set_ylabel(_short(ylabel))
     ax.grid(True, alpha=0.3)
-    if len(series) <= 24:
-        ax.legend(fontsize=LEGEND_FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
-                  ncols=1 + len(series) // 13)
+    if rows:
+        ax.legend(fontsize=LEGEND_FONT - 1 if len(series) > 12 else LEGEND_FONT, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.32), borderaxespad=0, ncols=2 if len(series) > 1 else 1)
     return fig
+
+
+def _common_prefix(labels: Sequence[str]) -> str:
+    """The leading '/'-separated parts all labels share (e.g. 'inhouse/embedded/'), '' for one label."""
+    if len(labels) < 2:
+        return ""
+    parts = [str(label).split("/") for label in labels]
+    shared = []
+    for column in zip(*parts):
+        if len(set(column)) != 1:
+            break
+        shared.append(column[0])
+    shared = shared[: min(len(p) for p in parts) - 1]  # keep at least the last part of each label
+    return "/".join(shared) + "/" if shared else ""
 
 
 def save(fig: Figure, path: Path) -> Path:
