@@ -23,7 +23,7 @@ from typing import Iterable, Sequence, TextIO
 from harness.cells import Cell
 
 # (header with its unit, metric, format, factor): one table, the same units as the HTML report
-COLUMNS = (("τ (tok/step)", "acceptance_length", "{:.2f}", 1.0), ("tok/s", "throughput", "{:.0f}", 1.0),
+COLUMNS = (("τ (tok/step)", "acceptance_length", "{:.2f}", 1.0), ("tok/s", "throughput", "{:.1f}", 1.0),
            ("×plain", "speedup", "{:.2f}", 1.0), ("ECE cal", "ece_calibrated", "{:.3f}", 1.0),
            ("TTFT p50 (ms)", "ttft_p50", "{:.1f}", 1e3), ("TPOT p50 (ms)", "tpot_p50", "{:.2f}", 1e3))
 
