@@ -291,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("audit", help="losslessness audit: speculative cells against plain decoding")
     p.add_argument("suite", type=Path, help="suite YAML file whose speculative cells are audited")
-    db_arg(p)
+    db_arg(p, "result store the audit reads measured acceptance from to size its samples, where it does "
+              "(default: $HARNESS_DB or results/harness.duckdb)")
     p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
                    help="keep cells whose AXIS equals VALUE (as for run)")
     p.add_argument("--samples", type=int, default=None, help="sampled requests per cell for the χ² test")
