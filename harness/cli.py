@@ -1,11 +1,16 @@
 """The `harness` command. Thin: one small function per verb over plain functions that tests call.
 
-    harness run SUITE.yaml [--db PATH] [--only AXIS=VALUE …] [--dry-run] [--resume RUN_ID] [--repeats N]
+    harness init [PATH]                          (a commented starter suite; docs/SUITES.md has every key)
+    harness run SUITE.yaml [--db PATH] [--only AXIS=VALUE …] [--dry-run] [--resume RUN_ID]
+                           [--seed N] [--n-samples N] [--concurrency N …] [--rate RPS …] [--repeats N]
+                           [--label NAME] [--metadata KEY=VALUE …] [--quiet] [--no-progress]
                            [--executor local|ray [--address ADDR]]
-    harness query [--db PATH] [--format table|csv|json] "SQL"
+    harness run --endpoint URL --model NAME [--task gsm8k …]   (an existing OpenAI-compatible server)
+    harness query [--db PATH] [--format table|csv|json|markdown] "SQL"
     harness gate [--db PATH] [--run RUN|latest] [--baseline RUN|latest|BRANCH|FILE.json] [--format …] [--output FILE]
-    harness compare RUN_A RUN_B · harness history METRIC [--where SQL] · harness report RUN --out DIR
-    harness audit SUITE.yaml · harness ingest FILE · harness baseline export|import …
+    harness compare RUN_A RUN_B [--all] [--format table|markdown|csv|json] · harness history METRIC [--where SQL]
+    harness report RUN --out DIR · harness audit SUITE.yaml [--db PATH] · harness ingest FILE
+    harness baseline export|import …
     harness export RUN… --parquet DIR · harness import DIR   (a history pooled from many machines)
     harness serve [--target …] [--drafter-method …] [--port …]   (OpenAI-compatible server, in-house engine)
     harness embedded build|evaluate …
@@ -49,24 +54,71 @@ def cmd_run(args) -> int:
 
     _quiet_libraries()
     try:
+        overrides, label, metadata = run_overrides(args)
+        suite_path = args.suite if args.suite is not None else Path("<endpoint>")
+        suite = _warn_unpaired(suite_path, args.only, overrides)
         if args.dry_run:
-            return dry_run(args.suite, args.only, args.repeats, db_path=args.db)
-        if sys.stdout.isatty():
-            from harness.progress import RichDisplay
-            display = RichDisplay()
-        else:
-            from harness.progress import PlainDisplay
-            display = PlainDisplay()
+            return dry_run(suite_path, args.only, None, db_path=args.db, overrides=overrides)
+        from harness.progress import display_for, run_context
+
+        display = display_for(quiet=args.quiet, no_progress=args.no_progress, context=run_context(args.db, suite.name))
         from harness.executors import get_executor
 
         if args.address is not None and args.executor != "ray":
             raise RunError("--address needs --executor ray")
         executor = get_executor(args.executor, **({"address": args.address} if args.executor == "ray" else {}))
-        outcome = run_suite(args.suite, db_path=args.db, only=args.only, repeats=args.repeats, resume=args.resume,
-                            display=display, argv=sys.argv, executor=executor)
+        outcome = run_suite(suite_path, db_path=args.db, only=args.only, resume=args.resume, display=display,
+                            argv=sys.argv, executor=executor, overrides=overrides, label=label, metadata=metadata)
     except RunError as exc:
         return _error(str(exc))
     return outcome.exit_code
+
+
+def run_overrides(args):
+    """(Overrides, label, metadata) from `harness run`'s flags; RunError for a bad combination."""
+    from harness.overrides import Overrides, endpoint_suite
+    from harness.runner import RunError
+
+    metadata = {}
+    for item in args.metadata:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise RunError(f"--metadata takes KEY=VALUE, got {item!r}")
+        metadata[key.strip()] = value
+    suite_text = None
+    if args.endpoint is not None:
+        if args.suite is not None:
+            raise RunError("give a suite file or --endpoint, not both")
+        if not args.model:
+            raise RunError("--endpoint needs --model NAME (the model the server serves)")
+        suite_text = endpoint_suite(args.endpoint, args.model, args.task or ["gsm8k"], tokenizer=args.tokenizer,
+                                    chat=args.chat)
+    elif args.suite is None:
+        raise RunError("give a suite file (harness init writes a starter) or --endpoint URL --model NAME")
+    elif args.model or args.task or args.tokenizer or args.chat:
+        raise RunError("--model, --task, --tokenizer and --chat go with --endpoint (a suite names its own)")
+    overrides = Overrides(seed=args.seed, n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
+                          concurrency=tuple(args.concurrency), rate=tuple(args.rate), repeats=args.repeats,
+                          suite_text=suite_text)
+    return (overrides if overrides else None), args.label, metadata
+
+
+def _warn_unpaired(suite_path, only, overrides):
+    """The suite, after one warning line if speculative cells have no plain-decoding cell to compare with."""
+    from harness.progress import unpaired_warning
+    from harness.runner import load_cells
+
+    suite, cells = load_cells(suite_path, only, check_files=False, overrides=overrides)
+    warning = unpaired_warning(cells)
+    if warning:
+        print(f"harness: warning: {suite_path}: {warning}", file=sys.stderr)
+    return suite
+
+
+def cmd_init(args) -> int:
+    from harness.starter import write_starter
+
+    return write_starter(args.path, force=args.force)
 
 
 def cmd_audit(args) -> int:
@@ -74,8 +126,11 @@ def cmd_audit(args) -> int:
     from harness.runner import RunError
 
     _quiet_libraries()
+    import inspect
+
+    extra = {"db_path": args.db} if "db_path" in inspect.signature(run_audit).parameters else {}
     try:
-        return run_audit(args.suite, only=args.only, samples=args.samples)
+        return run_audit(args.suite, only=args.only, samples=args.samples, **extra)
     except RunError as exc:
         return _error(str(exc))
 
@@ -105,7 +160,7 @@ def cmd_gate(args) -> int:
 def cmd_compare(args) -> int:
     from harness.gate.command import compare_command
 
-    return compare_command(args.db, args.run_a, args.run_b, metrics=args.metric, fmt=args.format)
+    return compare_command(args.db, args.run_a, args.run_b, metrics=args.metric, fmt=args.format, show_all=args.all)
 
 
 def cmd_history(args) -> int:
@@ -224,28 +279,30 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--db", type=Path, default=_db_default(), help=help_text)
 
     p = sub.add_parser("run", help="run a suite's cells into the store")
-    p.add_argument("suite", type=Path)
+    p.add_argument("suite", type=Path, nargs="?", help="suite YAML file (docs/SUITES.md; `harness init` writes one)")
     db_arg(p)
-    p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
-                   help="keep cells whose AXIS equals VALUE (repeatable; same axis ORs, different axes AND)")
-    p.add_argument("--dry-run", action="store_true", help="print the cells and server commands, run nothing")
-    p.add_argument("--resume", metavar="RUN_ID", help="finish a run that was interrupted")
-    p.add_argument("--repeats", type=int, help="override the suite's repeats")
-    p.add_argument("--executor", choices=("local", "ray"), default="local",
-                   help="where cells run: this process, one at a time (default), or a Ray cluster")
-    p.add_argument("--address", default=None, help="--executor ray: a running cluster (e.g. auto); default: start one")
+    add_run_options(p)
     p.set_defaults(func=cmd_run)
 
+    p = sub.add_parser("init", help="write a commented starter suite that runs as it is on the embedded default")
+    p.add_argument("path", type=Path, nargs="?", default=Path("suite.yaml"), help="where to write it (default: suite.yaml)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.set_defaults(func=cmd_init)
+
     p = sub.add_parser("audit", help="losslessness audit: speculative cells against plain decoding")
-    p.add_argument("suite", type=Path)
-    p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE")
+    p.add_argument("suite", type=Path, help="suite YAML file whose speculative cells are audited")
+    db_arg(p, "result store the audit reads measured acceptance from to size its samples, where it does "
+              "(default: $HARNESS_DB or results/harness.duckdb)")
+    p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
+                   help="keep cells whose AXIS equals VALUE (as for run)")
     p.add_argument("--samples", type=int, default=None, help="sampled requests per cell for the χ² test")
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("query", help="read-only SQL over the result history")
     db_arg(p)
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    p.add_argument("sql")
+    p.add_argument("--format", choices=("table", "csv", "json", "markdown"), default="table")
+    p.add_argument("sql", help="one SELECT over the store's views (harness/store/VIEWS.md), e.g. "
+                               "\"select * from v_runs\"")
     p.set_defaults(func=cmd_query)
 
     p = sub.add_parser("gate", help="compare a run with a baseline; exit 1 on a regression")
@@ -260,17 +317,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="two runs side by side")
     db_arg(p)
-    p.add_argument("run_a")
-    p.add_argument("run_b")
+    p.add_argument("run_a", help="baseline run id or 'latest'")
+    p.add_argument("run_b", help="candidate run id or 'latest'")
     p.add_argument("--metric", action="append", default=None, help="metrics to show (repeatable)")
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--all", action="store_true", help="every (cell, metric) row, not only the most important")
+    p.add_argument("--format", choices=("table", "csv", "json", "markdown"), default="table")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("history", help="one metric over the run history, with change points")
     db_arg(p)
-    p.add_argument("metric")
+    p.add_argument("metric", help="a metric name, e.g. acceptance_length, throughput, ttft_p50")
     p.add_argument("--where", default=None, help="SQL condition over v_metrics columns, e.g. \"task = 'gsm8k'\"")
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--format", choices=("table", "csv", "json", "markdown"), default="table")
     p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("report", help="static HTML report with plots")
@@ -281,13 +339,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ingest", help="load a pytest-benchmark JSON file into the store")
     db_arg(p)
-    p.add_argument("file", type=Path)
+    p.add_argument("file", type=Path, help="pytest-benchmark JSON file (pytest --benchmark-json)")
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("baseline", help="export a run as a baseline file, or import one")
     db_arg(p)
-    p.add_argument("action", choices=("export", "import"))
-    p.add_argument("file", type=Path)
+    p.add_argument("action", choices=("export", "import"), help="export a run to FILE, or import FILE")
+    p.add_argument("file", type=Path, help="the baseline JSON file")
     p.add_argument("--run", default="latest", help="export: run id or 'latest'")
     p.add_argument("--label", default=None, help="import: a name for the imported run")
     p.add_argument("--compact", action="store_true",
@@ -302,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("import", help="load the runs of a parquet export directory the store lacks (idempotent)")
     db_arg(p)
-    p.add_argument("dir", type=Path)
+    p.add_argument("dir", type=Path, help="a directory written by harness export --parquet")
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("serve", help="the in-house engine behind an OpenAI-compatible HTTP server", add_help=False)
@@ -310,10 +368,68 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("embedded", help="rebuild or measure the embedded default")
-    p.add_argument("action", choices=("build", "evaluate"))
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.add_argument("action", choices=("build", "evaluate"), help="rebuild models/embedded, or measure it")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of that action (… build --help)")
     p.set_defaults(func=cmd_embedded)
     return parser
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
+    return parse
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """`harness run`'s options: selection, overrides of the suite (cell parameters, so new cell ids, written
+    into the run's resolved suite), run stamps, output, an endpoint without a suite, where cells run."""
+    p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
+                   help="keep cells whose AXIS equals VALUE (repeatable; same axis ORs, different axes AND)")
+    p.add_argument("--dry-run", action="store_true", help="print the cells and server commands, run nothing")
+    p.add_argument("--resume", metavar="RUN_ID", help="finish a run that was interrupted (same flags)")
+    g = p.add_argument_group("overrides (written into the run's suite; seed, samples and load make new cell ids)")
+    g.add_argument("--seed", type=_non_negative_int, help="defaults.seed")
+    g.add_argument("--n-samples", "--num-prompts", dest="n_samples", type=_positive(int), metavar="N",
+                   help="every task's n_samples (conversations measured per cell)")
+    g.add_argument("--max-new-tokens", type=_positive(int), metavar="N", help="every task's max_new_tokens")
+    g.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=_positive(int), action="append",
+                   default=[], metavar="N", help="closed-loop load axis (repeatable: --concurrency 1 --concurrency 8)")
+    g.add_argument("--rate", "--request-rate", dest="rate", type=_positive(float), action="append", default=[],
+                   metavar="RPS", help="open-loop load axis, requests/s (repeatable; replaces the suite's loads)")
+    g.add_argument("--repeats", type=_positive(int), help="defaults.repeats (runs of every cell)")
+    g = p.add_argument_group("run stamps (stored with the run: v_runs.label, v_runs.metadata)")
+    g.add_argument("--label", help="a name for this run")
+    g.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="a key/value pair (repeatable)")
+    g = p.add_argument_group("output")
+    g.add_argument("--quiet", "-q", action="store_true", help="no per-cell lines; only warnings, failures and the "
+                                                              "closing block")
+    g.add_argument("--no-progress", action="store_true", help="no live progress display (one line per cell)")
+    g = p.add_argument_group("an existing OpenAI-compatible endpoint, without a suite file (backend openai)")
+    g.add_argument("--endpoint", metavar="URL", help="base URL, e.g. http://127.0.0.1:8000/v1")
+    g.add_argument("--model", help="the model name the server serves (the request body's model)")
+    g.add_argument("--task", action="append", default=[], help="task (repeatable; default gsm8k)")
+    g.add_argument("--tokenizer", help="tokenizer path or hub id for token-id prompts (default: --model)")
+    g.add_argument("--chat", action="store_true", help="send chat messages; the server applies its template")
+    g = p.add_argument_group("execution")
+    g.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="where cells run: this process, one at a time (default), or a Ray cluster")
+    g.add_argument("--address", default=None, help="--executor ray: a running cluster (e.g. auto); default: start one")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,13 +74,15 @@ def plan(cells: Sequence[Cell], repeats: int) -> list[tuple[Cell, int]]:
     return [(cell, repeat) for repeat in range(repeats) for cell in cells]
 
 
-def load_cells(suite_path: str | Path, only: Sequence[str] = (), check_files: bool = True):
+def load_cells(suite_path: str | Path, only: Sequence[str] = (), check_files: bool = True, overrides=None):
     """(suite, selected cells); RunError for anything wrong with the suite or, with `check_files`, the
-    model files and task data it names (a dry run checks neither: it plans for another machine)."""
-    from harness.suite import SuiteError, check_paths, expand, load_suite, select
+    model files and task data it names (a dry run checks neither: it plans for another machine).
+    `overrides`: harness.overrides.Overrides (command-line values written into the suite)."""
+    from harness.overrides import load as load_overridden
+    from harness.suite import SuiteError, check_paths, expand, select
 
     try:
-        suite = load_suite(suite_path)
+        suite = load_overridden(suite_path, overrides)
         cells = select(expand(suite), list(only))
         if check_files:
             check_paths(suite, cells)
@@ -118,6 +120,9 @@ def run_suite(
     argv: Sequence[str] = (),
     backend_options: dict | None = None,
     executor=None,
+    overrides=None,
+    label: str | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> RunOutcome:
     """Run (or resume) a suite into the store at `db_path`; RunError before anything is written.
     `executor`: where cells run (harness.executors; default: this process, one at a time)."""
@@ -126,7 +131,7 @@ def run_suite(
     from harness.store import RunInfo, Store, StoreError
 
     display = display or PlainDisplay()
-    suite, cells = load_cells(suite_path, only)
+    suite, cells = load_cells(suite_path, only, overrides=overrides)
     num_repeats = repeats if repeats is not None else suite.repeats
     if num_repeats < 1:
         raise RunError(f"--repeats must be >= 1, got {num_repeats}")
@@ -150,7 +155,8 @@ def run_suite(
             run_id = store.begin_run(RunInfo(
                 suite_name=suite.name, suite_path=str(suite_path), suite_text=suite.resolved_text,
                 suite_hash=suite.hash, git_sha=sha, git_branch=branch, git_dirty=dirty, host_fingerprint=host_fp,
-                host=host, packages=packages, argv=list(argv), repeats=num_repeats,
+                host=host, packages=packages, argv=list(argv), repeats=num_repeats, label=label,
+                metadata=dict(metadata or {}),
             ))
         outcome = RunOutcome(run_id, [])
         display.start(run_id, suite, len(work), resumed=resume is not None)
@@ -161,6 +167,7 @@ def run_suite(
                 display.cell_skipped(cell, repeat)
             else:
                 todo.append((cell, repeat))
+        getattr(display, "planned", lambda work: None)(todo)  # the ETA's one hook (harness.progress)
 
         from harness import redaction
 
@@ -260,13 +267,13 @@ def _signals_interrupt() -> Iterator:
 
 
 def dry_run(suite_path: str | Path, only: Sequence[str] = (), repeats: int | None = None, out=None,
-            db_path: str | Path | None = None) -> int:
+            db_path: str | Path | None = None, overrides=None) -> int:
     """Print the cells, one line per server start (the exact argv, for the largest load of its cells), and a
     warning for what cannot be verified offline (the engine's interpreter or version, hub ids not on this
     machine), without running anything; with a store at `db_path` holding a run of the same suite, the cost
     that run's cells suggest."""
     out = out if out is not None else sys.stdout
-    suite, cells = load_cells(suite_path, only, check_files=False)
+    suite, cells = load_cells(suite_path, only, check_files=False, overrides=overrides)
     num_repeats = repeats if repeats is not None else suite.repeats
     print(f"suite {suite.name} ({suite.hash[:12]}): {len(cells)} cells × {num_repeats} repeats", file=out)
     for cell in cells:

@@ -1,4 +1,5 @@
-"""Query results on the terminal: an aligned text table, CSV or JSON (one object per row)."""
+"""Query results on the terminal: an aligned text table, CSV, JSON (one object per row) or a Markdown table
+(for a CI step summary or a pull request)."""
 
 from __future__ import annotations
 
@@ -48,5 +49,31 @@ def write_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str,
             if i == 0:
                 out.write("  ".join("-" * w for w in widths) + "\n")
         out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
+    elif fmt == "markdown":
+        out.write(markdown_table(columns, [[_cell(v) for v in row] for row in rows]))
     else:
-        raise ValueError(f"unknown format {fmt!r}; valid: table, csv, json")
+        raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
+
+
+FORMATS = ("table", "csv", "json", "markdown")
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> str:
+    """A GitHub-flavoured Markdown table; `|` in values escaped, numbers (or `right` columns) right-aligned."""
+    def esc(text: str) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    if right is None:
+        right = [bool(rows) and all(_numeric(r[i]) for r in rows if r[i] != "") for i in range(len(columns))]
+    lines = ["| " + " | ".join(esc(c) for c in columns) + " |",
+             "|" + "|".join("---:" if r else "---" for r in right) + "|"]
+    lines += ["| " + " | ".join(esc(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(str(text).replace("−", "-").rstrip("%×"))
+        return True
+    except ValueError:
+        return False

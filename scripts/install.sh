@@ -3,10 +3,19 @@
 # torch first, and only where none is present: on this project's CPU machines `torch==2.13.0`
 # resolves to the CPU build on local disk; GPU users keep the CUDA build they brought. Installing
 # the project afterwards then satisfies its torch range without pulling another torch.
+# `--hub` also installs the `hub` extra (the `datasets` package): task data then comes from the
+# Hugging Face hub when HARNESS_DATA_DIR is unset (online machines only).
 set -euo pipefail
+EXTRAS="test,kernels,ray"
+for arg in "$@"; do
+  case "$arg" in
+    --hub) EXTRAS="$EXTRAS,hub" ;;
+    *) echo "install.sh: unknown option $arg (valid: --hub)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install -q "torch==2.13.0"
 fi
-"$PY" -m pip install -q -e ".[test,kernels,ray]"
+"$PY" -m pip install -q -e ".[$EXTRAS]"

@@ -10,7 +10,7 @@
     evaluate.py       run_gate(candidate, baseline, rules, validity) → GateReport
     report.py         GateReport, Comparison, ExitCode
     format.py         text, markdown and JUnit XML renderings
-    compare.py        compare_runs: two runs side by side, no verdicts
+    compare.py        compare_runs: two runs side by side, with the gate's intervals, no gate verdicts
 """
 
 from __future__ import annotations

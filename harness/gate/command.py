@@ -86,11 +86,15 @@ def gate_command(db, *, run: str = "latest", baseline: str = "latest", fmt: str 
     return int(report.exit_code)
 
 
-def compare_command(db, run_a: str, run_b: str, metrics: Sequence[str] | None = None, fmt: str = "table") -> int:
+def compare_command(db, run_a: str, run_b: str, metrics: Sequence[str] | None = None, fmt: str = "table",
+                    show_all: bool = False, out=None) -> int:
+    """`harness compare A B`: the important rows (every significant change, then the largest), or `--all`."""
+    from harness.gate.compare import COLUMNS, compare_table, display_row, important
     from harness.gate import compare_runs
     from harness.store import Store, StoreError
-    from harness.tables import write_table
+    from harness.tables import markdown_table, write_table
 
+    out = out if out is not None else sys.stdout
     try:
         with Store.open(db, read_only=True) as store:
             ids = []
@@ -102,6 +106,23 @@ def compare_command(db, run_a: str, run_b: str, metrics: Sequence[str] | None = 
             rows = compare_runs(store.con, ids[0], ids[1], metrics)
     except StoreError as exc:
         return _fail(str(exc), ExitCode.INVALID)
-    columns = ["cell_id", "label", "metric", ids[0], ids[1], "change"]
-    write_table(columns, [(r.cell_id, r.label, r.metric, r.a, r.b, r.change) for r in rows], fmt, sys.stdout)
+    shown = rows if show_all or metrics else important(rows)
+    if fmt in ("csv", "json"):  # machine formats: raw numbers, every row
+        columns = ["cell_id", "label", "metric", "unit", "direction", "a", "b", "change", "scale", "effect",
+                   "ci_low", "ci_high", "p_value", "verdict", "test", "n"]
+        write_table(columns, [(r.cell_id, r.label, r.metric, r.unit, r.direction, r.a, r.b, r.change, r.scale,
+                               r.effect, *(r.ci or (None, None)), r.p_value, r.verdict, r.method, r.n)
+                              for r in rows], fmt, out)
+        return 0
+    counts = {v: sum(r.verdict == v for r in rows) for v in ("worse", "better", "changed", "noise", "too few")}
+    head = (f"{ids[0]} → {ids[1]}: {len(rows)} (cell, metric) rows; significant at 95%: {counts['worse']} worse, "
+            f"{counts['better']} better, {counts['changed']} changed without a direction; {counts['noise']} within "
+            f"noise; {counts['too few']} with too few repeats to decide")
+    hidden = len(rows) - len(shown)
+    tail = f"{hidden} more rows: harness compare {run_a} {run_b} --all" if hidden else ""
+    if fmt == "markdown":
+        out.write(f"**{head}**\n\n" + markdown_table(COLUMNS, [display_row(r) for r in shown]))
+        out.write(f"\n_{tail}_\n" if tail else "")
+    else:
+        out.write(head + "\n" + compare_table(shown) + (tail + "\n" if tail else ""))
     return 0

@@ -22,9 +22,9 @@ HISTORY_METRIC = "acceptance_length"
 
 # The summary table: (metric name in v_metrics, column heading, factor for display)
 SUMMARY_METRICS = (
-    ("acceptance_length", "τ", 1.0),
+    ("acceptance_length", "τ (tokens/step)", 1.0),
     ("throughput", "throughput (tok/s)", 1.0),
-    ("speedup", "speedup", 1.0),
+    ("speedup", "speedup (×)", 1.0),
     ("ece_raw", "ECE raw", 1.0),
     ("ece_calibrated", "ECE cal", 1.0),
     ("ttft_p50", "TTFT p50 (ms)", 1e3),
@@ -36,13 +36,16 @@ SUMMARY_METRICS = (
 class RunData:
     run: dict  # `runs` row (host, packages, argv decoded) + v_runs' duration_s, cells_ok, cells_failed
     cells: list[dict]  # v_cells rows of the run
-    tau: list[dict]  # per (backend, target, task, drafter, method, γ, policy, temperature): pooled τ
-    positions: list[dict]  # per (backend, target, drafter, gamma = its largest γ, position): pooled α_k, β_k
+    tau: list[dict]  # per (backend, target, task, drafter, method, γ, policy, temperature): pooled τ, and
+    #                  tau_lo / tau_hi: the smallest and largest τ of one repeat (pooled the same way)
+    positions: list[dict]  # per (backend, target, drafter, policy, gamma = its largest γ, position): α_k, β_k
     calibration: list[dict]  # per (backend, target, drafter, kind, bin), position 0: pooled bin sums
-    load: list[dict]  # per (backend, target, task, drafter, method, γ, policy, temperature, concurrency, rate)
+    load: list[dict]  # per (backend, target, task, drafter, method, γ, policy, temperature, concurrency, rate):
+    #                   mean, min and max over repeats (<metric>, <metric>_lo, <metric>_hi) of LOAD_METRICS
     summary: list[dict]  # per (cell, repeat): label, repeat, status, axes, SUMMARY_METRICS, user_speed_p50
     # HISTORY_METRIC of this run's speculative cells over the runs of its suite up to it
     history: list[HistoryRow] = field(default_factory=list)
+    sla: dict = field(default_factory=dict)  # the run's suite `sla:` ({ttft_s, tpot_s}), empty when none
 
 
 def load_run(store: Store, run_id: str) -> RunData:
@@ -67,7 +70,20 @@ def load_run(store: Store, run_id: str) -> RunData:
     if cell_ids and run.get("suite_name") is not None:
         data.history = history(store, HISTORY_METRIC, suite_name=run["suite_name"], cell_ids=cell_ids,
                                until=run["started_at"])
+    data.sla = suite_sla(run.get("suite_text"))
     return data
+
+
+def suite_sla(suite_text: str | None) -> dict:
+    """The `sla:` section of a run's stored suite text ({} when none or unreadable)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(suite_text or "") or {}
+    except yaml.YAMLError:
+        return {}
+    sla = doc.get("sla") if isinstance(doc, dict) else None
+    return {k: float(v) for k, v in sla.items() if isinstance(v, (int, float))} if isinstance(sla, dict) else {}
 
 
 # Every query binds $run_id; the views are filtered on it too, so DuckDB reads one run's rows, not the history's.
@@ -76,25 +92,33 @@ _LINE = "c.backend, c.target, c.task, c.drafter, c.method, c.num_drafts, c.polic
 
 # τ = (Σ accepted + Σ steps) / Σ steps over a point's cells: the acceptance_length of their pooled steps.
 TAU_SQL = f"""
-    SELECT {_LINE},
-           (sum(a.drafts_accepted) + sum(a.steps))::DOUBLE / nullif(sum(a.steps), 0) AS tau,
-           sum(a.steps)::BIGINT AS steps
-    FROM v_acceptance a JOIN ({_OK_CELLS}) c USING (run_id, cell_id, repeat)
-    WHERE a.run_id = $run_id AND c.method <> 'none'
-    GROUP BY ALL ORDER BY ALL
+    WITH per_repeat AS (
+        SELECT {_LINE}, c.repeat, sum(a.drafts_accepted) AS accepted, sum(a.steps) AS steps
+        FROM v_acceptance a JOIN ({_OK_CELLS}) c USING (run_id, cell_id, repeat)
+        WHERE a.run_id = $run_id AND c.method <> 'none'
+        GROUP BY ALL
+    )
+    SELECT backend, target, task, drafter, method, num_drafts, policy, temperature,
+           (sum(accepted) + sum(steps))::DOUBLE / nullif(sum(steps), 0) AS tau,
+           min((accepted + steps)::DOUBLE / nullif(steps, 0)) AS tau_lo,
+           max((accepted + steps)::DOUBLE / nullif(steps, 0)) AS tau_hi,
+           sum(steps)::BIGINT AS steps, count(*) AS repeats
+    FROM per_repeat GROUP BY ALL ORDER BY ALL
 """
 
 # α_k = Σ accepted_k / Σ verified_k, β_k = Σ accepted_k / Σ reached_k over a drafter's cells at its largest γ.
 POSITIONS_SQL = f"""
     WITH c AS ({_OK_CELLS}),
-    top AS (SELECT backend, target, drafter, max(num_drafts) AS gamma FROM c WHERE method <> 'none' GROUP BY ALL)
-    SELECT c.backend, c.target, c.drafter, top.gamma, p.position,
+    top AS (SELECT backend, target, drafter, policy, max(num_drafts) AS gamma FROM c WHERE method <> 'none'
+            GROUP BY ALL)
+    SELECT c.backend, c.target, c.drafter, c.policy, top.gamma, p.position,
            sum(p.accepted_k)::DOUBLE / nullif(sum(p.verified_k), 0) AS unconditional,
            sum(p.accepted_k)::DOUBLE / nullif(sum(p.reached_k), 0) AS conditional,
-           sum(p.verified_k)::BIGINT AS verified
+           sum(p.verified_k)::BIGINT AS verified, sum(p.accepted_k)::BIGINT AS accepted,
+           sum(p.reached_k)::BIGINT AS reached
     FROM v_positions p JOIN c USING (run_id, cell_id, repeat)
     JOIN top ON top.backend = c.backend AND top.target = c.target AND top.drafter = c.drafter
-     AND c.num_drafts = top.gamma
+     AND top.policy = c.policy AND c.num_drafts = top.gamma
     WHERE p.run_id = $run_id
     GROUP BY ALL ORDER BY ALL
 """
@@ -129,10 +153,13 @@ PER_CELL_SQL = f"""
 
 SUMMARY_SQL = f"SELECT * FROM ({PER_CELL_SQL}) ORDER BY label, repeat"
 
-# Rates have no counts to pool: each (line, load) point is the mean over its cells' seeds and repeats.
+# Rates have no counts to pool: each (line, load) point is the mean over its cells' seeds and repeats,
+# with the smallest and largest repeat as its interval.
+LOAD_METRICS = ("throughput", "user_speed_p50", "speedup", "ttft_p50", "tpot_p50")
+_LOAD_AGGREGATES = ",\n".join(f"avg({m}) AS {m}, min({m}) AS {m}_lo, max({m}) AS {m}_hi" for m in LOAD_METRICS)
 LOAD_SQL = f"""
     SELECT backend, target, task, drafter, method, num_drafts, policy, temperature, concurrency, rate,
-           avg(throughput) AS throughput, avg(user_speed_p50) AS user_speed_p50, avg(speedup) AS speedup
+           {_LOAD_AGGREGATES}, count(*) AS repeats
     FROM ({PER_CELL_SQL}) WHERE status = 'ok'
     GROUP BY backend, target, task, drafter, method, num_drafts, policy, temperature, concurrency, rate
     ORDER BY backend, target, task, method = 'none' DESC, drafter, num_drafts, policy, temperature, concurrency, rate

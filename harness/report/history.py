@@ -117,7 +117,7 @@ def metric_names(source: Store | duckdb.DuckDBPyConnection) -> list[str]:
     return [row[0] for row in rows]
 
 
-FORMATS = ("table", "csv", "json")
+FORMATS = ("table", "csv", "json", "markdown")
 HISTORY_COLUMNS = ("cell_id", "label", "run_id", "started_at", "git_sha", "value", "level", "change")
 
 

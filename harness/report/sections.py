@@ -8,7 +8,10 @@ single points, a first run of a suite no history. The sections and their sources
     acceptance    v_acceptance ⋈ cells: τ vs γ, one panel per task, one line per drafter
     positions     v_positions ⋈ cells: α_k and β_k per drafter at its largest γ
     calibration   v_calibration (position 0): reliability diagram raw vs calibrated per drafter, ECE
+    pareto        v_metrics: per task, tokens/s per user against total tokens/s, one line per drafter × γ ×
+                  policy and plain decoding, a point per load: the trade-off speculative decoding moves
     load          v_metrics, v_speedup: throughput, user_speed_p50 and speedup vs concurrency (and rate)
+    latency       v_metrics: TTFT p50 and TPOT p50 vs load, with the suite's SLA as lines
     history       v_metrics over runs of the suite: τ of this run's cells, step fit and change points
     summary       cells ⋈ metrics ⋈ v_speedup: every cell's key metrics
 """
@@ -25,15 +28,16 @@ from harness.report.figures import Line, Panel
 from harness.report.history import describe_change, series
 from harness.report.page import Section, definitions, fmt, image, note, table
 
-FIGURE_FILES = ("acceptance.png", "positions.png", "calibration.png", "load_concurrency.png", "load_rate.png",
-                "history.png")
+FIGURE_FILES = ("acceptance.png", "positions.png", "calibration.png", "pareto.png", "load_concurrency.png",
+                "load_rate.png", "latency_concurrency.png", "latency_rate.png", "history.png")
+BARS = "bars: smallest to largest repeat"
 
 
 def build_sections(data: RunData, out: Path) -> list[Section]:
     """Every section in page order; figures are written into `out`."""
     builders: Sequence[Callable[[RunData, Path], Section]] = (
-        run_section, acceptance_section, positions_section, calibration_section, load_section,
-        history_section, summary_section,
+        run_section, acceptance_section, positions_section, calibration_section, pareto_section, load_section,
+        latency_section, history_section, summary_section,
     )
     return [build(data, out) for build in builders]
 
@@ -58,6 +62,7 @@ def run_section(data: RunData, out: Path) -> Section:
         ("finished (UTC)", run.get("finished_at")),
         ("duration", _duration(run.get("duration_s"))),
         ("repeats", run.get("repeats")),
+        ("metadata", _plain(_metadata(run.get("metadata"))) if run.get("metadata") else None),
         ("cells ok / failed", f"{run.get('cells_ok', 0)} / {run.get('cells_failed', 0)}"),
         ("command", " ".join(str(a) for a in run.get("argv") or []) or None),
     ]
@@ -96,11 +101,13 @@ def acceptance_section(data: RunData, out: Path) -> Section:
     panels: dict[str, Panel] = {}
     for r in rows:
         panel = panels.setdefault(r["task"], Panel(f"task {r['task']}", "γ (drafts per step)", "τ (tokens per step)",
-                                                   integer_x=True))
+                                                   integer_x=True, dodge=True))
         label = _line_label(r["drafter"], r, axes)
-        line = panel.lines.setdefault(label, Line([], []))
+        line = panel.lines.setdefault(label, Line([], [], lo=[], hi=[]))
         line.xs.append(r["num_drafts"])
         line.ys.append(r["tau"])
+        line.lo.append(r.get("tau_lo"))
+        line.hi.append(r.get("tau_hi"))
     body = [image(_save(figures.panel_grid(list(panels.values())), out, "acceptance.png"),
                   "acceptance length against the number of drafts, per task and drafter")]
     gammas = sorted({r["num_drafts"] for r in rows})
@@ -108,7 +115,7 @@ def acceptance_section(data: RunData, out: Path) -> Section:
         body.append(note(f"Only γ = {gammas[0]} was measured, so each drafter is a single point; "
                          "τ vs γ needs a suite with several num_drafts."))
     body.append(note("τ counts the bonus token: (accepted drafts + steps) / steps, pooled over the loads, "
-                     "seeds and repeats of each point (v_acceptance)."))
+                     f"seeds and repeats of each point (v_acceptance); {BARS} (each pooled over its loads)."))
     return Section("acceptance", title, "\n".join(body))
 
 
@@ -121,21 +128,26 @@ def positions_section(data: RunData, out: Path) -> Section:
     if not rows:
         return Section("positions", title, note(
             "No verified draft positions in this run (no succeeded speculative cell)."))
-    alpha = Panel("unconditional α_k = accepted_k / verified_k", "draft position k", "acceptance", integer_x=True,
+    alpha = Panel("unconditional α_k = accepted_k / verified_k", "draft position k", "acceptance", integer_x=True, dodge=True,
                   ylim=(0, 1.02))
-    beta = Panel("conditional β_k = accepted_k / reached_k", "draft position k", "acceptance", integer_x=True,
+    beta = Panel("conditional β_k = accepted_k / reached_k", "draft position k", "acceptance", integer_x=True, dodge=True,
                  ylim=(0, 1.02))
-    axes = _varying(rows, ("target", "backend"))
+    axes = _varying(rows, ("policy", "target", "backend"))
     for r in rows:
         label = _line_label(f"{r['drafter']} (γ{r['gamma']})", r, axes)
-        for panel, column in ((alpha, "unconditional"), (beta, "conditional")):
-            line = panel.lines.setdefault(label, Line([], []))
+        for panel, column, trials in ((alpha, "unconditional", "verified"), (beta, "conditional", "reached")):
+            line = panel.lines.setdefault(label, Line([], [], lo=[], hi=[]))
+            low, high = wilson(r.get("accepted"), r.get(trials))
             line.xs.append(r["position"])
             line.ys.append(r[column])
+            line.lo.append(low)
+            line.hi.append(high)
     body = [
         image(_save(figures.panel_grid([alpha, beta], ncols=2), out, "positions.png"),
               "per-position acceptance, unconditional and conditional, per drafter"),
-        note("Each drafter at its largest γ, pooled over tasks, loads and repeats (v_positions). α_k: draft k "
+        note("Each drafter and policy at its largest γ, pooled over tasks, loads and repeats (v_positions); policies "
+             "are kept apart (a policy that verifies fewer drafts changes who reaches position k); bars: 95% "
+             "Wilson intervals over the verify steps (steps treated as independent). α_k: draft k "
              "accepted among steps that verified it; β_k: among steps that reached it (drafts 1 … k−1 accepted)."),
     ]
     return Section("positions", title, "\n".join(body))
@@ -190,10 +202,47 @@ def calibration_section(data: RunData, out: Path) -> Section:
 
 LOAD_PANELS = (
     ("throughput", "throughput (output tokens/s)"),
-    ("user_speed_p50", "per-user speed p50 (tokens/s)"),
+    ("user_speed_p50", "per-user speed p50 (tokens/s/user)"),
     ("speedup", "speedup over plain decoding (×)"),
 )
+LATENCY_PANELS = (("ttft_p50", "TTFT p50 (ms)", "ttft_s"), ("tpot_p50", "TPOT p50 (ms)", "tpot_s"))
 LOAD_AXES = (("concurrency", "concurrency (closed loop)"), ("rate", "request rate (requests/s, open loop)"))
+
+
+def _series_name(r: dict, axes: Sequence[str]) -> tuple[str, bool]:
+    """(line label, plain?) of a load row: plain decoding, or drafter γ policy (and the varying axes)."""
+    plain = r["method"] == "none"
+    name = "plain" if plain else f"{r['drafter']} γ{r['num_drafts']}"
+    return _line_label(name, r, axes if plain else ("policy", *axes)), plain
+
+
+def _add_point(panel: Panel, label: str, plain: bool, x, r: dict, column: str, factor: float = 1.0) -> None:
+    line = panel.lines.setdefault(label, Line([], [], key=label, dashed=plain, lo=[], hi=[], reference=plain))
+    scaled = [r.get(k) * factor if r.get(k) is not None else None for k in (column, f"{column}_lo", f"{column}_hi")]
+    line.xs.append(x)
+    line.ys.append(scaled[0])
+    line.lo.append(scaled[1])
+    line.hi.append(scaled[2])
+
+
+def _load_grid(rows: list[dict], axis: str, axis_label: str, columns, axes, hlines=None) -> list[Panel]:
+    panels = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        for column, ylabel, *sla_key in columns:
+            empty = ("no plain-decoding cell at these loads, so no speedup" if column == "speedup" else "no data")
+            factor = 1e3 if ylabel.endswith("(ms)") else 1.0
+            lines = tuple(hlines(sla_key[0]) if hlines and sla_key else ())
+            if column == "speedup":
+                lines = ((1.0, "1× = plain decoding"),)
+            panel = Panel(f"task {task}: {ylabel.split(' (')[0]}", axis_label, ylabel, empty=empty, log2_x=True,
+                          dodge=True, hlines=lines)
+            for r in (r for r in rows if r["task"] == task):
+                label, plain = _series_name(r, axes)
+                if plain and column == "speedup":
+                    continue
+                _add_point(panel, label, plain, r[axis], r, column, factor)
+            panels.append(panel)
+    return panels
 
 
 def load_section(data: RunData, out: Path) -> Section:
@@ -207,32 +256,84 @@ def load_section(data: RunData, out: Path) -> Section:
         axis_rows = [r for r in rows if r[axis] is not None]
         if not axis_rows:
             continue
-        panels = []
-        for task in dict.fromkeys(r["task"] for r in axis_rows):
-            for column, ylabel in LOAD_PANELS:
-                empty = ("no plain-decoding cell at these loads, so no speedup" if column == "speedup" else "no data")
-                panel = Panel(f"task {task}: {column}", axis_label, ylabel, empty=empty, log2_x=True)
-                for r in (r for r in axis_rows if r["task"] == task):
-                    plain = r["method"] == "none"
-                    if plain and column == "speedup":
-                        continue
-                    name = "plain" if plain else f"{r['drafter']} γ{r['num_drafts']}"
-                    label = _line_label(name, r, axes if plain else ("policy", *axes))
-                    line = panel.lines.setdefault(label, Line([], [], dashed=plain))
-                    line.xs.append(r[axis])
-                    line.ys.append(r[column])
-                panels.append(panel)
-        filename = _save(figures.panel_grid(panels, ncols=3), out, f"load_{axis}.png")
+        filename = _save(figures.panel_grid(_load_grid(axis_rows, axis, axis_label, LOAD_PANELS, axes), ncols=3), out,
+                         f"load_{axis}.png")
         body.append(image(filename, f"throughput, per-user speed and speedup against {axis}, per task"))
     if not body:
         return Section("load", title, note("No cell of this run has a concurrency or a rate."))
     if not any(r["method"] == "none" for r in rows):
         body.append(note("This run has no plain-decoding cell, so speculative decoding has nothing to be compared "
                          "with: no plain line and no speedup."))
-    body.append(note("Lines: plain decoding (dashed) and each drafter × γ × verification policy (static, "
-                     "scheduler, …); points are means over repeats (v_metrics); speedup pairs each cell with "
-                     "plain decoding of the same run, task and load (v_speedup)."))
+    body.append(note("Lines: plain decoding (black, dashed) and each drafter × γ × verification policy (static, "
+                     f"scheduler, …); points are means over repeats (v_metrics), {BARS}; series are set slightly "
+                     "apart sideways so equal values stay visible; speedup pairs each cell with plain decoding of "
+                     "the same run, task and load (v_speedup)."))
     return Section("load", title, "\n".join(body))
+
+
+# ----------------------------------------------------------------------------------------- pareto
+
+
+def pareto_section(data: RunData, out: Path) -> Section:
+    title = "Per-user speed vs throughput (Pareto)"
+    rows = [r for r in data.load if r["throughput"] is not None and r["user_speed_p50"] is not None]
+    if not rows:
+        return Section("pareto", title, note("No succeeded cell with both throughput and per-user speed."))
+    axes = _varying(rows, ("temperature", "target", "backend"))
+    panels = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        panel = Panel(f"task {task}", "throughput (output tokens/s, all users)", "per-user speed p50 (tokens/s/user)")
+        for r in sorted((r for r in rows if r["task"] == task), key=lambda r: (r["concurrency"] or 0, r["rate"] or 0)):
+            label, plain = _series_name(r, axes)
+            line = panel.lines.setdefault(label, Line([], [], key=label, dashed=plain, lo=[], hi=[], xlo=[], xhi=[],
+                                                      tags=[], reference=plain))
+            line.tags.append(f"c{r['concurrency']}" if r["concurrency"] is not None else f"r{r['rate']:g}")
+            line.xs.append(r["throughput"])
+            line.ys.append(r["user_speed_p50"])
+            line.lo.append(r["user_speed_p50_lo"])
+            line.hi.append(r["user_speed_p50_hi"])
+            line.xlo.append(r["throughput_lo"])
+            line.xhi.append(r["throughput_hi"])
+        panels.append(panel)
+    body = [
+        image(_save(figures.panel_grid(panels, ncols=2), out, "pareto.png"),
+              "per-user speed against total throughput, per task, one line per drafter, γ and policy"),
+        note("Each line walks the loads of one configuration (closed-loop concurrency, then open-loop rate, low to "
+             "high): up is faster for each user, right is more tokens for the machine. A speculative line above and "
+             "right of plain decoding (black, dashed) wins at that load (c: concurrency, r: request rate beside each point); where it falls below, the drafts cost more than "
+             f"they save. Points are means over repeats, {BARS} in both directions."),
+    ]
+    return Section("pareto", title, "\n".join(body))
+
+
+# ---------------------------------------------------------------------------------------- latency
+
+
+def latency_section(data: RunData, out: Path) -> Section:
+    title = "TTFT and TPOT vs load"
+    rows = [r for r in data.load if r["ttft_p50"] is not None or r["tpot_p50"] is not None]
+    if not rows:
+        return Section("latency", title, note("No succeeded cell with TTFT or TPOT in this run."))
+    axes = _varying(rows, ("temperature", "target", "backend"))
+    sla = data.sla
+
+    def hlines(key: str):
+        return [(sla[key] * 1e3, f"SLA {sla[key] * 1e3:g} ms")] if key in sla else []
+
+    body = []
+    for axis, axis_label in LOAD_AXES:
+        axis_rows = [r for r in rows if r[axis] is not None]
+        if axis_rows:
+            grid = _load_grid(axis_rows, axis, axis_label, LATENCY_PANELS, axes, hlines)
+            body.append(image(_save(figures.panel_grid(grid, ncols=2), out, f"latency_{axis}.png"),
+                              f"median time to first token and time per output token against {axis}, per task"))
+    if not body:
+        return Section("latency", title, note("No cell of this run has a concurrency or a rate."))
+    shown = ", ".join(f"{k.removesuffix('_s').upper()} ≤ {v * 1e3:g} ms" for k, v in sla.items())
+    body.append(note((f"Red dashed lines: the suite's SLA ({shown}). " if sla else
+                      "The suite declares no `sla:`, so no SLA line is drawn. ") +
+                     f"Medians over each cell's measured requests, then means over repeats; {BARS}."))
+    return Section("latency", title, "\n".join(body))
 
 
 # ---------------------------------------------------------------------------------------- history
@@ -257,16 +358,20 @@ def history_section(data: RunData, out: Path) -> Section:
          [c.index for c in s.fit.changes])
         for s in all_series
     ]
-    run_labels = [run_id for _, run_id in run_order]
+    sha = {r.run_id: (r.git_sha or "")[:7] for r in data.history}
+    run_labels = [f"{started:%m-%d %H:%M}" + (f" {sha[run_id]}" if sha.get(run_id) else "")
+                  if hasattr(started, "strftime") else run_id for started, run_id in run_order]
     fig = figures.history_figure(plotted, run_labels, HISTORY_METRIC)
     body = [image(_save(fig, out, "history.png"),
                   f"{HISTORY_METRIC} of this run's cells over the runs of suite {suite}, with change points")]
     changes = [
-        (s.label, s.cell_id, s.rows[c.index].run_id, (s.rows[c.index].git_sha or "")[:10], describe_change(c))
+        (s.label, s.cell_id, s.rows[c.index].run_id, s.rows[c.index].started_at, (s.rows[c.index].git_sha or "")[:10],
+         describe_change(c))
         for s in all_series for c in s.fit.changes
     ]
     if changes:
-        body.append(table(["cell", "cell id", "first run at the new level", "git sha", "change"], changes))
+        body.append(table(["cell", "cell id", "first run at the new level", "started (UTC)", "git sha", "change"],
+                          changes))
     else:
         body.append(note("No change point: every cell stays at one level."))
     body.append(note(
@@ -326,6 +431,25 @@ def _duration(seconds: float | None) -> str | None:
     minutes, secs = divmod(float(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{int(hours)}h {int(minutes):02d}m {secs:04.1f}s" if hours else f"{int(minutes)}m {secs:04.1f}s"
+
+
+def wilson(successes, trials, z: float = 1.96) -> tuple[float | None, float | None]:
+    """The Wilson score interval of a binomial proportion; (None, None) without trials."""
+    if not trials or successes is None:
+        return None, None
+    p, n = successes / trials, trials
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _metadata(value):
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _plain(value) -> str:

@@ -108,6 +108,9 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "ALTER TABLE cells ADD COLUMN gpu_seconds DOUBLE",  # the cell's wall time × reserved GPUs
         "ALTER TABLE cells ADD COLUMN cpu_seconds DOUBLE",  # the cell's wall time × reserved CPUs
     ]),
+    (3, "runs.metadata: `harness run --metadata KEY=VALUE` pairs; v_runs shows label and metadata", [
+        "ALTER TABLE runs ADD COLUMN metadata JSON",  # {"key": "value", …} as canonical JSON; NULL: none given
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -56,6 +56,7 @@ class RunInfo:
     repeats: int = 1
     kind: str = "suite"  # suite | benchmark | imported
     label: str | None = None  # e.g. the name of an imported baseline
+    metadata: dict = field(default_factory=dict)  # `harness run --metadata KEY=VALUE` (schema 3)
 
 
 def new_run_id(now: dt.datetime | None = None) -> str:
@@ -119,6 +120,8 @@ class Store:
             "argv": canonical_json(list(info.argv)), "repeats": info.repeats,
             "started_at": utc(started_at) or _now(), "finished_at": None, "status": "running", "label": info.label,
         }
+        if info.metadata:
+            row["metadata"] = canonical_json(info.metadata)
         with self.transaction(f"beginning run {run_id}"):
             self._insert_rows("runs", [row])
         return run_id

@@ -10,7 +10,8 @@ without a migration (`migrations.py`) and a line in `VIEWS.md`.
 
     v_runs          one row per run: run_id, kind, label, status, suite_name, suite_path, suite_hash,
                     git_sha, git_branch, git_dirty, host_fingerprint, repeats, started_at, finished_at,
-                    duration_s (NULL while running), cells_ok, cells_failed, benchmarks
+                    duration_s (NULL while running), cells_ok, cells_failed, benchmarks, metadata (JSON of
+                    `harness run --metadata KEY=VALUE`, schema 3; NULL: none)
     v_cells         one row per (run, cell, repeat): every column of `cells` but `log` and the cost
                     columns, then duration_s, git_branch, git_sha, host_fingerprint, run_started_at,
                     run_kind, run_label, resources, gpu_seconds, cpu_seconds
@@ -64,7 +65,7 @@ VIEWS: dict[str, str] = {
                r.git_sha, r.git_branch, r.git_dirty, r.host_fingerprint, r.repeats, r.started_at, r.finished_at,
                epoch(r.finished_at - r.started_at) AS duration_s,
                coalesce(c.cells_ok, 0) AS cells_ok, coalesce(c.cells_failed, 0) AS cells_failed,
-               coalesce(b.benchmarks, 0) AS benchmarks
+               coalesce(b.benchmarks, 0) AS benchmarks, r.metadata
         FROM runs r
         LEFT JOIN (SELECT run_id, count_if(status = 'ok') AS cells_ok, count_if(status = 'failed') AS cells_failed
                    FROM cells GROUP BY run_id) c USING (run_id)

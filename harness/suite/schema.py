@@ -396,11 +396,19 @@ def policies_of(policies: dict[str, PolicyEntry]) -> dict[str, PolicyEntry]:
 
 
 def validate(data: dict[str, Any], locations: Locations) -> SuiteDoc:
-    """The document as a SuiteDoc, or the first problem as a SuiteError at its line."""
+    """The document as a SuiteDoc, or the first problem as a SuiteError at its line (every missing
+    required key, when keys are missing: one line each)."""
     try:
         return SuiteDoc.model_validate(data)
     except ValidationError as e:
-        raise schema_error(e.errors()[0], locations) from None
+        errors = e.errors()
+        missing = [err for err in errors if err["type"] == "missing"]
+        if len(missing) < 2:
+            raise schema_error(errors[0], locations) from None
+        # every missing required key at once, one line each: a first suite should not take one attempt per key
+        first, *rest = [schema_error(err, locations) for err in missing]
+        raise SuiteError("".join([first.message, *(f"\n{other}" for other in rest)]), mark=first.mark,
+                         path=first.path) from None
 
 
 _EXPECTED = {
@@ -429,7 +437,8 @@ def schema_error(error: dict[str, Any], locations: Locations) -> SuiteError:
     if kind == "suite":
         return locations.error((*path, *ctx["at"]), ctx["message"], at="key" if at == "key" else ctx["mark"])
     if kind == "missing":
-        return locations.error(path[:-1], f"missing required key {path[-1]!r}", at="key")
+        hint = f" (the suite format version; this harness reads {SUITE_VERSION})" if path == ("version",) else ""
+        return locations.error(path[:-1], f"missing required key {path[-1]!r}{hint}", at="key")
     if kind == "extra_forbidden":
         return locations.error(path, f"unknown key {show(path[-1])}", at="key")
     if kind in _EXPECTED:

@@ -25,8 +25,31 @@ def test_compare_rows(store):
     assert all(r.metric == "throughput" for r in rows)
     assert all(r.change == pytest.approx(0.1) for r in rows)
     table = compare_table(rows)
-    assert table.splitlines()[0].split() == ["cell", "metric", "a", "b", "change"]
-    assert "+10.0%" in table
+    assert table.splitlines()[0].split()[:6] == ["cell", "metric", "better", "a", "b", "change"]
+    assert "+10.0%" in table and "↑ higher" in table
+
+
+def test_compare_judges_direction_with_the_gates_interval():
+    """Halved throughput over 4 repeats each is a significant change for the worse (Mann-Whitney, its
+    Hodges-Lehmann interval excludes 0) and sorts first; τ, equal in both runs, is noise (bootstrap over
+    prompts); window_s has no better direction."""
+    from harness.gate.compare import important
+
+    conn = new_store()
+    add_run(conn, SynthRun("a", repeats=4))
+    copy_run(conn, "a", "b")
+    conn.execute("UPDATE metrics SET value = value * 0.5 WHERE run_id = 'b' AND metric = 'throughput'")
+    rows = compare_runs(conn, "a", "b")
+    by = {(r.label, r.metric): r for r in rows}
+    thr, tau = by[(DSPARK.label, "throughput")], by[(DSPARK.label, "acceptance_length")]
+    assert thr.direction == "higher" and thr.method == "mann_whitney" and thr.n == 4
+    assert thr.ci is not None and thr.ci[1] < 0 and thr.verdict == "worse"
+    assert tau.method == "paired_bootstrap" and tau.verdict == "noise" and tau.effect == pytest.approx(0)
+    assert by[(DSPARK.label, "window_s")].direction is None
+    assert rows[0].verdict == "worse" and {r.verdict for r in rows[:2]} == {"worse"}
+    assert important(rows, limit=2) == rows[:2]
+    text = compare_table(rows[:1])
+    assert "−50.0%" in text and "worse" in text and "Mann-Whitney, 4 repeats" in text
 
 
 def test_compare_keeps_one_sided_rows(store):

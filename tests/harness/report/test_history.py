@@ -72,6 +72,11 @@ def test_history_command_prints_rows_and_flags_the_change(store_path):
     assert code == 0 and text.splitlines()[0] == "cell_id,label,run_id,started_at,git_sha,value,level,change"
     assert len(text.splitlines()) == 21
 
+    code, text = run_history(store_path, "acceptance_length", "method <> 'none'", fmt="markdown")
+    lines = text.splitlines()
+    assert code == 0 and lines[0].startswith("| cell_id | label |") and lines[1].startswith("|---")
+    assert len([line for line in lines if line.startswith("| ")]) == 11 and sum("->" in line for line in lines) == 1
+
 
 def test_unknown_metric_lists_the_metrics(store_path, capsys):
     code, text = run_history(store_path, "acceptance_lenght")

@@ -14,7 +14,8 @@ from report_fixtures import T0, full_run_cells, make_cell, make_result, record_r
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SECTIONS = ("Run", "Acceptance length τ vs γ", "Per-position acceptance", "Reliability diagram (ECE)",
-            "Throughput and per-user speed vs load", "History of acceptance_length", "Summary")
+            "Per-user speed vs throughput (Pareto)", "Throughput and per-user speed vs load", "TTFT and TPOT vs load",
+            "History of acceptance_length", "Summary")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,8 @@ def test_report_writes_every_section_and_figure(full_store, tmp_path, capsys):
     for title in SECTIONS:
         assert f"<h2>{title}</h2>" in text
     images = re.findall(r'<img src="([^"]+)"', text)
-    assert set(images) == {"acceptance.png", "positions.png", "calibration.png", "load_concurrency.png", "history.png"}
+    assert set(images) == {"acceptance.png", "positions.png", "calibration.png", "pareto.png", "load_concurrency.png",
+                           "latency_concurrency.png", "history.png"}
     for name in images:
         assert (out / name).read_bytes()[:8] == PNG
     # self-contained: no script, nothing from a network
@@ -65,8 +67,12 @@ def test_report_data_pools_per_line(full_store):
     expected = [("dspark", p, g) for p in ("full", "static") for g in (2, 4)] + [("dflash", "scheduler", 4)]
     assert sorted(keys) == sorted(expected)
     assert all(1 <= r["tau"] <= 1 + r["num_drafts"] for r in data.tau)
-    # positions only at each drafter's largest γ
-    assert {(r["drafter"], r["gamma"]) for r in data.positions} == {("dspark", 4), ("dflash", 4)}
+    # positions only at each drafter's (and policy's) largest γ, policies apart
+    assert {(r["drafter"], r["policy"], r["gamma"]) for r in data.positions} == {
+        ("dspark", "full", 4), ("dspark", "static", 4), ("dflash", "scheduler", 4)}
+    # every aggregated point carries its repeats' range
+    assert all(r["tau_lo"] <= r["tau"] <= r["tau_hi"] for r in data.tau)
+    assert all(r["throughput_lo"] <= r["throughput"] <= r["throughput_hi"] for r in data.load)
     assert {r["drafter"] for r in data.calibration} == {"dspark"}  # dflash has no confidence head
     speedups = [r["speedup"] for r in data.load if r["method"] != "none"]
     assert speedups and all(s is not None and s > 0 for s in speedups)
