@@ -41,7 +41,7 @@ matrix:                     # the cells are the product of these axes
   concurrency: [1, 4]       # closed-loop users; or `rate: [...]` requests/s (open loop)
   policy: [full]            # full | static | threshold | scheduler | budget | adaptive
 
-# sla: {ttft_s: 2.0, tpot_s: 0.2}   # per-request targets, drawn on the report's latency plots
+sla: {ttft_s: 2.0, tpot_s: 0.2}   # per-request targets: goodput, attainment, and lines on the report's latency plots
 
 gates:                      # `harness gate` judges these metrics against a baseline
   acceptance_length: {direction: higher, test: paired_bootstrap, relative: 0.02}
