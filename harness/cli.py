@@ -160,7 +160,7 @@ def cmd_export(args) -> int:
     from harness.store import Store, StoreError, export_parquet
 
     try:
-        with Store.open(args.db, read_only=True) as store:
+        with Store.open(args.db, read_only=True, sandbox=False) as store:  # the one verb that writes files
             run_ids = [_resolve_run(store, ref) for ref in args.runs]
             files = export_parquet(store, run_ids, args.parquet)
     except StoreError as exc:

@@ -5,6 +5,13 @@ baseline) opens the same file the same way, and each failure has one fix a user 
 missing file (run a suite first), a lock held by another process (wait for it, or query a copy),
 a newer schema (update the code). DuckDB allows one writing process per file, and a writer excludes
 readers in other processes too.
+
+Why read-only connections are sandboxed: they run user SQL (`harness query`, `history --where`) and
+back every read path (report, history, compare, gate). DuckDB's own settings make the sandbox — no
+file or network beyond the store (`enable_external_access=false`: COPY TO, EXPORT DATABASE, read_csv,
+read_text, glob, ATTACH, INSTALL and LOAD are refused), no extension installed or loaded on demand, and
+the configuration locked so no statement can turn these back on. `harness export` is the deliberate
+way to write files: it asks for `sandbox=False`. Writable connections never run user SQL.
 """
 
 from __future__ import annotations
@@ -21,9 +28,19 @@ DEFAULT_PATH = Path("results/harness.duckdb")
 MEMORY = ":memory:"
 
 
-def connect(path: str | Path = DEFAULT_PATH, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+# Given at connect: extensions are never fetched nor loaded on demand (the JSON functions are built in).
+_NO_EXTENSIONS = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                  "allow_community_extensions": False}
+# Set once the store is open (the file itself must still be opened), then locked.
+_SANDBOX = ("SET enable_external_access = false", "SET lock_configuration = true")
+
+
+def connect(path: str | Path = DEFAULT_PATH, *, read_only: bool = False,
+            sandbox: bool | None = None) -> duckdb.DuckDBPyConnection:
     """A connection to a migrated store: writable ones are created (with their folder) and migrated,
-    read-only ones must exist at the current schema version. `":memory:"` is a fresh in-memory store."""
+    read-only ones must exist at the current schema version. `":memory:"` is a fresh in-memory store.
+    `sandbox` (default: `read_only`): no file, network or extension beyond the store, settings locked."""
+    sandbox = read_only if sandbox is None else sandbox
     memory = str(path) == MEMORY
     if memory and read_only:
         raise StoreError("an in-memory store cannot be opened read-only (it would be empty)")
@@ -34,11 +51,14 @@ def connect(path: str | Path = DEFAULT_PATH, *, read_only: bool = False) -> duck
         if not read_only:
             path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        con = duckdb.connect(str(path), read_only=read_only)
+        con = duckdb.connect(str(path), read_only=read_only, config=dict(_NO_EXTENSIONS))
     except duckdb.Error as exc:
         raise _open_error(path, exc, read_only) from exc
     try:
         migrate(con, read_only=read_only, name=str(path))
+        if sandbox:
+            for statement in _SANDBOX:
+                con.execute(statement)
     except BaseException:
         con.close()
         raise
@@ -58,3 +78,19 @@ def _open_error(path, exc: duckdb.Error, read_only: bool) -> StoreError:
         return StoreError(f"{path} is not a DuckDB database: point --db at a harness store")
     mode = "read-only" if read_only else "writable"
     return StoreError(f"cannot open {path} ({mode}): {one_line(exc)}")
+
+
+_REFUSALS = (  # DuckDB's sandbox errors, as what the user asked for and what to do instead
+    ("file system operations are disabled", "reaches a file, the network or an extension beyond the store"),
+    ("Loading external extensions is disabled", "loads an extension"),
+    ("the configuration has been locked", "changes a setting"),
+)
+
+
+def sandbox_refusal(message: str) -> str | None:
+    """The one line for a statement the read-only sandbox refused, or None for any other error."""
+    for needle, what in _REFUSALS:
+        if needle in message:
+            return (f"refused: the query {what}; read paths reach nothing beyond the store "
+                    "(write files with `harness export` or `harness baseline export`)")
+    return None
