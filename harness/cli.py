@@ -328,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `harness query … | head`: the reader left, which is not an error
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # a (second) Ctrl-C outside the runner's own handling: one line, no traceback
+        print("harness: interrupted (a run is finished with `harness run SUITE --resume RUN_ID`)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -131,6 +131,8 @@ def run_suite(
     if num_repeats < 1:
         raise RunError(f"--repeats must be >= 1, got {num_repeats}")
     work = plan(cells, num_repeats)
+    if resume is not None and not Path(db_path).is_file():  # a typo must not leave an empty store behind
+        raise RunError(f"--resume {resume}: there is no store at {db_path}, so no such run (check --db)")
     try:
         store = Store.open(db_path)
     except StoreError as exc:
@@ -181,8 +183,11 @@ def run_suite(
         except Interrupted:
             outcome.interrupted = True
         finally:
-            runner.close()
-            store.finish_run(run_id, "interrupted" if outcome.interrupted else "finished")
+            try:
+                runner.close()
+                store.finish_run(run_id, "interrupted" if outcome.interrupted else "finished")
+            except (Interrupted, KeyboardInterrupt):  # a second Ctrl-C while closing: stop now, --resume finishes it
+                outcome.interrupted = True
         display.finish(outcome)
         return outcome
 

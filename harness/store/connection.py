@@ -55,14 +55,53 @@ def connect(path: str | Path = DEFAULT_PATH, *, read_only: bool = False,
     except duckdb.Error as exc:
         raise _open_error(path, exc, read_only) from exc
     try:
+        if not memory:
+            _check_intact(con, path, verify_blocks=not read_only)
         migrate(con, read_only=read_only, name=str(path))
         if sandbox:
             for statement in _SANDBOX:
                 con.execute(statement)
+    except duckdb.Error as exc:
+        con.close()
+        raise damaged(path, exc) from exc
     except BaseException:
         con.close()
         raise
     return con
+
+
+# A DuckDB file is its headers (one file header and two database headers of 4 KiB) then whole blocks.
+_HEADER_BYTES = 3 * 4096
+_DAMAGE = ("Corrupt database file", "Could not read enough bytes", "checksum", "Invalid block")
+
+
+def _check_intact(con: duckdb.DuckDBPyConnection, path: Path, *, verify_blocks: bool) -> None:
+    """Refuse a store that lost its tail (cheap: the headers say how many blocks the file holds) and,
+    before a writer appends, one whose blocks do not match their checksums (DuckDB verifies a block's
+    checksum whenever it reads it; a scan of every column reads them all, ~0.1 s per 4 MB)."""
+    block_size, total_blocks = con.execute(
+        "SELECT block_size, total_blocks FROM pragma_database_size() WHERE database_name = current_database()"
+    ).fetchone()
+    expected, size = _HEADER_BYTES + int(total_blocks) * int(block_size), path.stat().st_size
+    if size < expected:
+        raise StoreError(f"{path} is damaged: truncated to {size} of its {expected} bytes; restore it from a copy "
+                         f"or point --db at another store (nothing was read or written)")
+    if verify_blocks and total_blocks:
+        tables = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+                             " AND schema_name = 'main'").fetchall()
+        for (table,) in tables:
+            con.execute(f'SELECT sum(hash(COLUMNS(*))) FROM "{table}"').fetchall()
+
+
+def damaged(path, exc: BaseException) -> StoreError:
+    """The one line for a DuckDB error met while reading a store: 'damaged' when it is the file's fault."""
+    if isinstance(exc, StoreError):
+        return exc
+    message = one_line(exc)
+    if any(needle in message for needle in _DAMAGE):
+        return StoreError(f"{path} is damaged ({message}); restore it from a copy or point --db at another store "
+                          f"(nothing was written)")
+    return StoreError(f"cannot read {path}: {message}")
 
 
 def _open_error(path, exc: duckdb.Error, read_only: bool) -> StoreError:
@@ -74,6 +113,8 @@ def _open_error(path, exc: duckdb.Error, read_only: bool) -> StoreError:
             f"{path} is locked by {holder} (a running suite?): wait for it to finish, or query a copy "
             f"(cp {path} /tmp/snapshot.duckdb)"
         )
+    if any(needle in message for needle in _DAMAGE):
+        return damaged(path, exc)
     if "not a valid DuckDB database" in message:
         return StoreError(f"{path} is not a DuckDB database: point --db at a harness store")
     mode = "read-only" if read_only else "writable"

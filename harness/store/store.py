@@ -29,7 +29,7 @@ import duckdb
 
 from harness.cells import Cell, CellResult
 from harness.store.cell_rows import build_result, canonical_json, result_columns
-from harness.store.connection import DEFAULT_PATH, connect, sandbox_refusal
+from harness.store.connection import DEFAULT_PATH, connect, damaged, sandbox_refusal
 from harness.store.errors import StoreError, one_line
 from harness.store.tables import CELL_TABLES, column_types, insert_columns
 
@@ -224,6 +224,9 @@ class Store:
             refused = sandbox_refusal(message)
             if refused:
                 raise StoreError(refused) from exc
+            failure = damaged(self.path, exc)
+            if "is damaged" in str(failure):
+                raise failure from exc
             raise StoreError(f"query failed: {message}") from exc
 
     def _dicts(self, sql: str, params: Sequence[Any] = ()) -> list[dict]:

@@ -17,7 +17,7 @@ from typing import Iterable
 from harness.cells import SLASpec
 from harness.gate.rules import GateRule, Validity
 from harness.suite.document import Locations, canonical_text, read_document, read_suite_file
-from harness.suite.errors import SuiteError, did_you_mean, show
+from harness.suite.errors import SuiteError, clip, did_you_mean, show
 from harness.suite.backend_options import check_backend_options
 from harness.suite.expand import expand
 from harness.suite.limits import check_limits
@@ -103,7 +103,7 @@ def check_gate_metrics(doc: SuiteDoc, locations: Locations) -> None:
         if not metric_names.known_metric(metric):
             choices = metric_names.choices()
             raise locations.error(("gates", metric), f"unknown metric {show(metric)}{did_you_mean(metric, choices)}; "
-                                                     f"metrics: {', '.join(choices)}", at="key")
+                                                     f"metrics: {clip(', '.join(choices), 600)}", at="key")
 
 
 def _known_tasks(tasks_dirs: PathLike | Iterable[PathLike] | None) -> list[str]:
