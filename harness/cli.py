@@ -316,8 +316,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_ctrl_c() -> None:
+    """A program that is only closing down (its threads and atexit hooks) exits 130 on Ctrl-C at once,
+    without the traceback Python would print there."""
+    import signal
+
+    def exit_now(signum, frame):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 — a closed pipe: nothing left to flush
+                pass
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, exit_now)
+
+
+def _ignore_ctrl_c() -> None:
+    """The last atexit hook: past it Python finalises with the default SIGINT action, so a Ctrl-C there
+    would kill the process with a signal instead of the exit code it is returning."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    as_program = argv is None  # `harness …` itself, not a caller (tests) that keeps its own signal handling
+    if as_program:
+        import atexit
+
+        atexit.register(_ignore_ctrl_c)  # registered first, so it runs last (atexit runs hooks in reverse)
+    try:
+        code = _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # a (second) Ctrl-C outside the runner's own handling: one line, no traceback
+        print("harness: interrupted (a run is finished with `harness run SUITE --resume RUN_ID`)", file=sys.stderr)
+        code = 130
+    if as_program:
+        _exit_on_ctrl_c()
+    return code
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["serve"]:  # the server parses its own options (argparse would swallow --help)
         from argparse import Namespace
 
@@ -328,9 +367,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `harness query … | head`: the reader left, which is not an error
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:  # a (second) Ctrl-C outside the runner's own handling: one line, no traceback
-        print("harness: interrupted (a run is finished with `harness run SUITE --resume RUN_ID`)", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

@@ -18,7 +18,10 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import duckdb
+
 from harness.store.cell_rows import canonical_json
+from harness.store.connection import damaged
 from harness.store.errors import StoreError
 from harness.store.migrations import SCHEMA_VERSION
 from harness.store.store import Store
@@ -35,8 +38,20 @@ TIMING_TABLES = ("request_tokens", "engine_steps")
 def export_run(store: Store, run_id: str, path: str | Path, *, compact: bool = False) -> Path:
     """Write run `run_id` with its rows in every table to `path` (folders created); returns the path.
     `compact` leaves the raw timing tables (`TIMING_TABLES`) empty, for baselines kept in a repository."""
-    if store.run(run_id) is None:
-        raise StoreError(f"no run {run_id!r} in {store.path} to export")
+    try:
+        if store.run(run_id) is None:
+            raise StoreError(f"no run {run_id!r} in {store.path} to export")
+        chunks = _export_chunks(store, run_id, compact)
+    except duckdb.Error as exc:  # a block that fails its checksum
+        raise damaged(store.path, exc) from exc
+    head = f'{{"format": {_dumps(FORMAT)}, "schema_version": {SCHEMA_VERSION}, "run_id": {_dumps(run_id)},\n"tables": {{\n'
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(head + ",\n".join(chunks) + "\n}}\n", encoding="utf-8")
+    return path
+
+
+def _export_chunks(store: Store, run_id: str, compact: bool) -> list[str]:
     chunks = []
     for table in RUN_TABLES:
         if compact and table in TIMING_TABLES:
@@ -54,11 +69,7 @@ def export_run(store: Store, run_id: str, path: str | Path, *, compact: bool = F
         lines = [_dumps([encode(value) for encode, value in zip(encoders, row)]) for row in rows]
         body = "[\n" + ",\n".join(lines) + "\n]" if lines else "[]"
         chunks.append(f'{_dumps(table)}: {{"columns": {_dumps(columns)}, "rows": {body}}}')
-    head = f'{{"format": {_dumps(FORMAT)}, "schema_version": {SCHEMA_VERSION}, "run_id": {_dumps(run_id)},\n"tables": {{\n'
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(head + ",\n".join(chunks) + "\n}}\n", encoding="utf-8")
-    return path
+    return chunks
 
 
 def import_run(store: Store, path: str | Path, label: str | None = None) -> str:
