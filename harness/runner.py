@@ -173,6 +173,7 @@ def run_suite(
             return reserved(suite.resources.get(cell.backend))
 
         runner = executor if executor is not None else get_executor("local")
+        completed = False
         try:
             with _signals_interrupt() as held:
                 for cell_run in runner.run(todo, options_for, display, resources_for=resources_for):
@@ -180,9 +181,12 @@ def run_suite(
                         result = _record(store, run_id, cell_run, host_fp, packages, resources_for)
                         outcome.outcomes.append(result)
                         display.cell_finished(result)
+            completed = True
         except Interrupted:
             outcome.interrupted = True
         finally:
+            # not completed: stopped by a signal, even a second one that cut the `except` above short
+            outcome.interrupted = outcome.interrupted or not completed
             try:
                 runner.close()
                 store.finish_run(run_id, "interrupted" if outcome.interrupted else "finished")
