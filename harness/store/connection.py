@@ -58,7 +58,8 @@ def connect(path: str | Path = DEFAULT_PATH, *, read_only: bool = False,
         if not memory:
             _check_intact(con, path, verify_blocks=not read_only)
         migrate(con, read_only=read_only, name=str(path))
-        if sandbox:
+        # A second connection to a file this process holds open shares its (already locked) settings.
+        if sandbox and not con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
             for statement in _SANDBOX:
                 con.execute(statement)
     except duckdb.Error as exc:

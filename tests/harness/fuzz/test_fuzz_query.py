@@ -83,3 +83,15 @@ def test_query_table(row, stores, capsys):
     check(row, code, out, err)
     after = {p.name: p.stat().st_mtime_ns for p in stores.rglob("*")}
     assert after == before  # no file created, changed or removed, the store included
+
+
+def test_a_second_reader_in_the_same_process_is_sandboxed_too(stores):
+    """DuckDB shares one database (and its locked settings) between connections to one file."""
+    from harness.store import Store, StoreError
+
+    with Store.open(stores / "h.duckdb", read_only=True) as first, \
+            Store.open(stores / "h.duckdb", read_only=True) as second:
+        for store in (first, second):
+            assert store.query("SELECT count(*) FROM runs")[1] == [(1,)]
+            with pytest.raises(StoreError, match="refused: the query reaches a file"):
+                store.query("SELECT * FROM read_text('/etc/passwd')")
