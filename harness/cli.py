@@ -215,7 +215,7 @@ def cmd_export(args) -> int:
     from harness.store import Store, StoreError, export_parquet
 
     try:
-        with Store.open(args.db, read_only=True) as store:
+        with Store.open(args.db, read_only=True, sandbox=False) as store:  # the one verb that writes files
             run_ids = [_resolve_run(store, ref) for ref in args.runs]
             files = export_parquet(store, run_ids, args.parquet)
     except StoreError as exc:
@@ -432,8 +432,47 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--address", default=None, help="--executor ray: a running cluster (e.g. auto); default: start one")
 
 
+def _exit_on_ctrl_c() -> None:
+    """A program that is only closing down (its threads and atexit hooks) exits 130 on Ctrl-C at once,
+    without the traceback Python would print there."""
+    import signal
+
+    def exit_now(signum, frame):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 — a closed pipe: nothing left to flush
+                pass
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, exit_now)
+
+
+def _ignore_ctrl_c() -> None:
+    """The last atexit hook: past it Python finalises with the default SIGINT action, so a Ctrl-C there
+    would kill the process with a signal instead of the exit code it is returning."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    as_program = argv is None  # `harness …` itself, not a caller (tests) that keeps its own signal handling
+    if as_program:
+        import atexit
+
+        atexit.register(_ignore_ctrl_c)  # registered first, so it runs last (atexit runs hooks in reverse)
+    try:
+        code = _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # a (second) Ctrl-C outside the runner's own handling: one line, no traceback
+        print("harness: interrupted (a run is finished with `harness run SUITE --resume RUN_ID`)", file=sys.stderr)
+        code = 130
+    if as_program:
+        _exit_on_ctrl_c()
+    return code
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["serve"]:  # the server parses its own options (argparse would swallow --help)
         from argparse import Namespace
 

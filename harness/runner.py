@@ -136,6 +136,8 @@ def run_suite(
     if num_repeats < 1:
         raise RunError(f"--repeats must be >= 1, got {num_repeats}")
     work = plan(cells, num_repeats)
+    if resume is not None and not Path(db_path).is_file():  # a typo must not leave an empty store behind
+        raise RunError(f"--resume {resume}: there is no store at {db_path}, so no such run (check --db)")
     try:
         store = Store.open(db_path)
     except StoreError as exc:
@@ -182,6 +184,7 @@ def run_suite(
             return reserved(suite.resources.get(cell.backend))
 
         runner = executor if executor is not None else get_executor("local")
+        completed = False
         try:
             with _signals_interrupt() as held:
                 for cell_run in runner.run(todo, options_for, display, resources_for=resources_for):
@@ -189,11 +192,17 @@ def run_suite(
                         result = _record(store, run_id, cell_run, host_fp, packages, resources_for)
                         outcome.outcomes.append(result)
                         display.cell_finished(result)
+            completed = True
         except Interrupted:
             outcome.interrupted = True
         finally:
-            runner.close()
-            store.finish_run(run_id, "interrupted" if outcome.interrupted else "finished")
+            # not completed: stopped by a signal, even a second one that cut the `except` above short
+            outcome.interrupted = outcome.interrupted or not completed
+            try:
+                runner.close()
+                store.finish_run(run_id, "interrupted" if outcome.interrupted else "finished")
+            except (Interrupted, KeyboardInterrupt):  # a second Ctrl-C while closing: stop now, --resume finishes it
+                outcome.interrupted = True
         display.finish(outcome)
         return outcome
 

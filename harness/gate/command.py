@@ -34,7 +34,11 @@ def resolve_baseline(store, ref: str, candidate: dict):
         if not path.is_file():
             return None, f"baseline file {ref} does not exist (create it with `harness baseline export`)"
         memory = Store.open(":memory:")
-        return memory, import_run(memory, path)
+        try:
+            return memory, import_run(memory, path)
+        except BaseException:
+            memory.close()
+            raise
     if store.run(ref) is not None:
         return store, ref
     same_suite = {"suite_name": candidate["suite_name"], "exclude": candidate["run_id"], "kind": None}
@@ -51,31 +55,38 @@ def resolve_baseline(store, ref: str, candidate: dict):
 def gate_command(db, *, run: str = "latest", baseline: str = "latest", fmt: str = "text", output: Path | None = None,
                  suite: Path | None = None) -> int:
     from harness.gate import render, run_gate
+    import duckdb
+
     from harness.store import Store, StoreError
+    from harness.store.connection import damaged
     from harness.suite import SuiteError, load_suite, parse_suite_text
+    from harness.suite.errors import show
 
     try:
         store = Store.open(db, read_only=True)
     except StoreError as exc:
         return _fail(str(exc), ExitCode.INVALID)
-    with store:
-        run_id = store.latest_run(kind="suite", status=None) if run == "latest" else run
-        candidate = store.run(run_id) if run_id else None
-        if candidate is None:
-            return _fail(f"no run {run!r} in {db}", ExitCode.INVALID)
-        try:
-            rules_from = load_suite(suite) if suite else parse_suite_text(candidate["suite_text"], f"<suite of {run_id}>")
-        except SuiteError as exc:
-            return _fail(str(exc), ExitCode.INVALID)
-        base_store, base_id = resolve_baseline(store, baseline, candidate)
-        if base_store is None:
-            print(f"NO BASELINE: {base_id}", file=sys.stderr)
-            return ExitCode.NO_BASELINE
-        try:
-            report = run_gate((store.con, run_id), (base_store.con, base_id), rules_from.gates, rules_from.validity)
-        finally:
-            if base_store is not store:
-                base_store.close()
+    try:  # a store or baseline that breaks while being read is invalid input: one line, exit 2
+        with store:
+            run_id = store.latest_run(kind="suite", status=None) if run == "latest" else run
+            candidate = store.run(run_id) if run_id else None
+            if candidate is None:
+                return _fail(f"no run {show(run)} in {db}", ExitCode.INVALID)
+            rules_from = load_suite(suite) if suite else parse_suite_text(candidate["suite_text"] or "",
+                                                                           f"<suite of {run_id}>")
+            base_store, base_id = resolve_baseline(store, baseline, candidate)
+            if base_store is None:
+                print(f"NO BASELINE: {base_id}", file=sys.stderr)
+                return ExitCode.NO_BASELINE
+            try:
+                report = run_gate((store.con, run_id), (base_store.con, base_id), rules_from.gates, rules_from.validity)
+            finally:
+                if base_store is not store:
+                    base_store.close()
+    except (StoreError, SuiteError) as exc:
+        return _fail(str(exc), ExitCode.INVALID)
+    except duckdb.Error as exc:
+        return _fail(str(damaged(db, exc)), ExitCode.INVALID)
     text = render(report, fmt)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +101,10 @@ def compare_command(db, run_a: str, run_b: str, metrics: Sequence[str] | None = 
                     show_all: bool = False, out=None) -> int:
     """`harness compare A B`: the important rows (every significant change, then the largest), or `--all`."""
     from harness.gate.compare import COLUMNS, compare_table, display_row, important
+    import duckdb
+
     from harness.gate import compare_runs
+    from harness.store.connection import damaged
     from harness.store import Store, StoreError
     from harness.tables import markdown_table, write_table
 
@@ -106,6 +120,8 @@ def compare_command(db, run_a: str, run_b: str, metrics: Sequence[str] | None = 
             rows = compare_runs(store.con, ids[0], ids[1], metrics)
     except StoreError as exc:
         return _fail(str(exc), ExitCode.INVALID)
+    except duckdb.Error as exc:
+        return _fail(str(damaged(db, exc)), ExitCode.INVALID)
     shown = rows if show_all or metrics else important(rows)
     if fmt in ("csv", "json"):  # machine formats: raw numbers, every row
         columns = ["cell_id", "label", "metric", "unit", "direction", "a", "b", "change", "scale", "effect",

@@ -6,10 +6,10 @@ values of one cell id are one measurement repeated over time; a change of level 
 the code or the machine, not of the question asked. A run's repeats of a cell are averaged into one
 point (the history has one point per run); failed cells and NULL values are left out.
 
-`--where` is user SQL: it runs over a read-only connection (DuckDB itself refuses every write), as one
-statement — a clause with `;` is refused before the store is opened — and only inside
-`WHERE metric = ? AND (<clause>)` of a SELECT over `v_metrics`, so it can name any column of that view
-(`task = 'gsm8k' AND git_branch = 'main'`).
+`--where` is a user condition over the columns of `v_metrics` (`task = 'gsm8k' AND git_branch =
+'main'`). It is never pasted into SQL: `harness.store.condition` parses it with DuckDB's parser, allows
+only a boolean expression of a small grammar over that view's columns, and the query selects from
+DuckDB's rendering of that tree (a subquery), inside a sandboxed read-only connection.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import duckdb
 
 from harness.report.changepoints import StepFit, fit_steps
 from harness.store import Store, StoreError
+from harness.store.condition import parse_condition
 from harness.store.errors import one_line
 
 
@@ -51,12 +52,9 @@ class Series:
 
 
 def check_where(where: str | None) -> None:
-    """Refuse what cannot be a single condition: a `;` (a second statement) or an empty clause."""
-    if where is None:
-        return
-    if ";" in where:
-        raise StoreError("--where takes one SQL condition over v_metrics columns; ';' is not allowed")
-    if not where.strip():
+    """Refuse what cannot be a condition before the store is opened: an empty one. (The grammar is
+    checked against the view's columns by `harness.store.condition`, which needs the store.)"""
+    if where is not None and not where.strip():
         raise StoreError("--where is empty: give a condition such as \"task = 'gsm8k'\"")
 
 
@@ -87,11 +85,14 @@ def history(
     if until is not None:
         clauses.append("started_at <= ?")
         params.append(until)
+    chosen = "v_metrics"
     if where is not None:
-        clauses.append(f"({where}\n)")  # the newline ends a trailing `--` comment before our parenthesis
+        con = source.con if isinstance(source, Store) else source
+        columns = [name for (name, *_rest) in _query(source, "DESCRIBE v_metrics", [])[1]]
+        chosen = f"({parse_condition(con, where, 'v_metrics', columns)}) AS chosen"
     sql = (
         "SELECT cell_id, label, run_id, started_at, git_sha, git_branch, avg(value) AS value, count(*) AS repeats "
-        f"FROM v_metrics WHERE {' AND '.join(clauses)} "
+        f"FROM {chosen} WHERE {' AND '.join(clauses)} "
         "GROUP BY cell_id, label, run_id, started_at, git_sha, git_branch "
         "ORDER BY started_at, run_id, label, cell_id"
     )
@@ -160,7 +161,7 @@ def history_command(
             try:
                 rows = history(store, metric, where)
             except StoreError as exc:
-                raise StoreError(f"--where {where!r} failed: {exc}") if where is not None else exc
+                raise StoreError(f"--where failed: {exc}") if where is not None and "--where" not in str(exc) else exc
     except StoreError as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return 2

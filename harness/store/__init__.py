@@ -8,7 +8,8 @@ by `harness.metrics` on `Store.cell_result(...)`, or in SQL by the views (`views
     errors.py       StoreError: one actionable line per failure
     migrations.py   the schema as ordered migrations; SCHEMA_VERSION; migrate()
     views.py        the stable SQL views (v_runs, v_cells, v_metrics, v_acceptance, v_positions, …)
-    connection.py   opening a file: lock / missing / newer-schema errors, migrate on a writable open
+    connection.py   opening a file: lock / missing / newer-schema / damaged errors, migrate on a writable
+                    open, the read-only sandbox (no file, network or extension beyond the store)
     tables.py       per-run and per-cell tables, export order, the column-wise bulk insert
     cell_rows.py    a CellResult as table columns and back
     store.py        Store (begin_run, record_cell, finish_run, cell_status, run, runs, latest_run, query,
@@ -16,7 +17,8 @@ by `harness.metrics` on `Store.cell_result(...)`, or in SQL by the views (`views
     exchange.py     export_run / import_run: one run as one deterministic JSON file (CI baselines)
     parquet.py      export_parquet / import_parquet: runs as parquet files per table, pooled from many machines
     benchmarks.py   ingest_benchmark_json: pytest-benchmark JSON as a 'benchmark' run
-    query.py        read_only_query: what `harness query` runs
+    query.py        read_only_query: what `harness query` runs (sandboxed: connection.py)
+    condition.py    parse_condition: a user filter (`history --where`) parsed and re-rendered, never pasted
 
 Tables (every row carries run_id; per-cell rows carry (cell_id, repeat); `*_s` are seconds on the run's
 monotonic clock, `*_at` naive UTC timestamps, JSON columns canonical JSON text):

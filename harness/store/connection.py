@@ -5,6 +5,13 @@ baseline) opens the same file the same way, and each failure has one fix a user 
 missing file (run a suite first), a lock held by another process (wait for it, or query a copy),
 a newer schema (update the code). DuckDB allows one writing process per file, and a writer excludes
 readers in other processes too.
+
+Why read-only connections are sandboxed: they run user SQL (`harness query`, `history --where`) and
+back every read path (report, history, compare, gate). DuckDB's own settings make the sandbox — no
+file or network beyond the store (`enable_external_access=false`: COPY TO, EXPORT DATABASE, read_csv,
+read_text, glob, ATTACH, INSTALL and LOAD are refused), no extension installed or loaded on demand, and
+the configuration locked so no statement can turn these back on. `harness export` is the deliberate
+way to write files: it asks for `sandbox=False`. Writable connections never run user SQL.
 """
 
 from __future__ import annotations
@@ -21,9 +28,19 @@ DEFAULT_PATH = Path("results/harness.duckdb")
 MEMORY = ":memory:"
 
 
-def connect(path: str | Path = DEFAULT_PATH, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+# Given at connect: extensions are never fetched nor loaded on demand (the JSON functions are built in).
+_NO_EXTENSIONS = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                  "allow_community_extensions": False}
+# Set once the store is open (the file itself must still be opened), then locked.
+_SANDBOX = ("SET enable_external_access = false", "SET lock_configuration = true")
+
+
+def connect(path: str | Path = DEFAULT_PATH, *, read_only: bool = False,
+            sandbox: bool | None = None) -> duckdb.DuckDBPyConnection:
     """A connection to a migrated store: writable ones are created (with their folder) and migrated,
-    read-only ones must exist at the current schema version. `":memory:"` is a fresh in-memory store."""
+    read-only ones must exist at the current schema version. `":memory:"` is a fresh in-memory store.
+    `sandbox` (default: `read_only`): no file, network or extension beyond the store, settings locked."""
+    sandbox = read_only if sandbox is None else sandbox
     memory = str(path) == MEMORY
     if memory and read_only:
         raise StoreError("an in-memory store cannot be opened read-only (it would be empty)")
@@ -34,15 +51,58 @@ def connect(path: str | Path = DEFAULT_PATH, *, read_only: bool = False) -> duck
         if not read_only:
             path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        con = duckdb.connect(str(path), read_only=read_only)
+        con = duckdb.connect(str(path), read_only=read_only, config=dict(_NO_EXTENSIONS))
     except duckdb.Error as exc:
         raise _open_error(path, exc, read_only) from exc
     try:
+        if not memory:
+            _check_intact(con, path, verify_blocks=not read_only)
         migrate(con, read_only=read_only, name=str(path))
+        # A second connection to a file this process holds open shares its (already locked) settings.
+        if sandbox and not con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
+            for statement in _SANDBOX:
+                con.execute(statement)
+    except duckdb.Error as exc:
+        con.close()
+        raise damaged(path, exc) from exc
     except BaseException:
         con.close()
         raise
     return con
+
+
+# A DuckDB file is its headers (one file header and two database headers of 4 KiB) then whole blocks.
+_HEADER_BYTES = 3 * 4096
+_DAMAGE = ("Corrupt database file", "Could not read enough bytes", "checksum", "Invalid block")
+
+
+def _check_intact(con: duckdb.DuckDBPyConnection, path: Path, *, verify_blocks: bool) -> None:
+    """Refuse a store that lost its tail (cheap: the headers say how many blocks the file holds) and,
+    before a writer appends, one whose blocks do not match their checksums (DuckDB verifies a block's
+    checksum whenever it reads it; a scan of every column reads them all, ~0.1 s per 4 MB)."""
+    block_size, total_blocks = con.execute(
+        "SELECT block_size, total_blocks FROM pragma_database_size() WHERE database_name = current_database()"
+    ).fetchone()
+    expected, size = _HEADER_BYTES + int(total_blocks) * int(block_size), path.stat().st_size
+    if size < expected:
+        raise StoreError(f"{path} is damaged: truncated to {size} of its {expected} bytes; restore it from a copy "
+                         f"or point --db at another store (nothing was read or written)")
+    if verify_blocks and total_blocks:
+        tables = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+                             " AND schema_name = 'main'").fetchall()
+        for (table,) in tables:
+            con.execute(f'SELECT sum(hash(COLUMNS(*))) FROM "{table}"').fetchall()
+
+
+def damaged(path, exc: BaseException) -> StoreError:
+    """The one line for a DuckDB error met while reading a store: 'damaged' when it is the file's fault."""
+    if isinstance(exc, StoreError):
+        return exc
+    message = one_line(exc)
+    if any(needle in message for needle in _DAMAGE):
+        return StoreError(f"{path} is damaged ({message}); restore it from a copy or point --db at another store "
+                          f"(nothing was written)")
+    return StoreError(f"cannot read {path}: {message}")
 
 
 def _open_error(path, exc: duckdb.Error, read_only: bool) -> StoreError:
@@ -54,7 +114,25 @@ def _open_error(path, exc: duckdb.Error, read_only: bool) -> StoreError:
             f"{path} is locked by {holder} (a running suite?): wait for it to finish, or query a copy "
             f"(cp {path} /tmp/snapshot.duckdb)"
         )
+    if any(needle in message for needle in _DAMAGE):
+        return damaged(path, exc)
     if "not a valid DuckDB database" in message:
         return StoreError(f"{path} is not a DuckDB database: point --db at a harness store")
     mode = "read-only" if read_only else "writable"
     return StoreError(f"cannot open {path} ({mode}): {one_line(exc)}")
+
+
+_REFUSALS = (  # DuckDB's sandbox errors, as what the user asked for and what to do instead
+    ("file system operations are disabled", "reaches a file, the network or an extension beyond the store"),
+    ("Loading external extensions is disabled", "loads an extension"),
+    ("the configuration has been locked", "changes a setting"),
+)
+
+
+def sandbox_refusal(message: str) -> str | None:
+    """The one line for a statement the read-only sandbox refused, or None for any other error."""
+    for needle, what in _REFUSALS:
+        if needle in message:
+            return (f"refused: the query {what}; read paths reach nothing beyond the store "
+                    "(write files with `harness export` or `harness baseline export`)")
+    return None

@@ -3,8 +3,10 @@
 Why read-only at the connection, not by inspecting the SQL: DuckDB then refuses every write (INSERT,
 UPDATE, DROP, CREATE, a write hidden in a CTE or a second statement) itself, and the harness only turns
 its refusal into a one-line message. The store must exist and be at this code's schema version, so
-the views named in `VIEWS.md` are there. Output to files (`COPY (…) TO 'x.csv'`) stays allowed: it
-writes a file, not the store.
+the views named in `VIEWS.md` are there. The connection is sandboxed (`harness.store.connection`): a
+statement that would reach another file, the network or an extension (`COPY … TO`, `EXPORT DATABASE`,
+`read_csv('/etc/passwd')`, `ATTACH`, `INSTALL`, `LOAD`) or change a setting is refused by DuckDB, and
+the harness says so in one line; `harness export` is the deliberate way to write files.
 """
 
 from __future__ import annotations

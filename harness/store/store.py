@@ -29,7 +29,7 @@ import duckdb
 
 from harness.cells import Cell, CellResult
 from harness.store.cell_rows import build_result, canonical_json, result_columns
-from harness.store.connection import DEFAULT_PATH, connect
+from harness.store.connection import DEFAULT_PATH, connect, damaged, sandbox_refusal
 from harness.store.errors import StoreError, one_line
 from harness.store.tables import CELL_TABLES, column_types, insert_columns
 
@@ -92,9 +92,10 @@ class Store:
         self._types: dict[str, dict[str, str]] = {}
 
     @classmethod
-    def open(cls, path: str | Path = DEFAULT_PATH, *, read_only: bool = False) -> Store:
-        """Open (writable: create and migrate) the store at `path`; `":memory:"` is a throwaway store."""
-        return cls(connect(path, read_only=read_only), str(path), read_only)
+    def open(cls, path: str | Path = DEFAULT_PATH, *, read_only: bool = False, sandbox: bool | None = None) -> Store:
+        """Open (writable: create and migrate) the store at `path`; `":memory:"` is a throwaway store.
+        Read-only stores are sandboxed (harness.store.connection) unless `sandbox=False` (export only)."""
+        return cls(connect(path, read_only=read_only, sandbox=sandbox), str(path), read_only)
 
     def close(self) -> None:
         self.con.close()
@@ -211,6 +212,9 @@ class Store:
         """(column names, rows) of any SQL over the tables and views; errors become one-line StoreErrors."""
         try:
             cursor = self.con.execute(sql, params) if params is not None else self.con.execute(sql)
+            if cursor is None:  # DuckDB parsed no statement: only whitespace, `;` or comments
+                raise StoreError("the query has no statement (only comments or whitespace): give the SQL to run, "
+                                 "e.g. \"SELECT * FROM v_runs\"")
             if cursor.description is None:
                 return [], []
             return [d[0] for d in cursor.description], cursor.fetchall()
@@ -220,6 +224,12 @@ class Store:
                 raise StoreError(
                     f"the query tried to write; {self.path} is open read-only (harness query never changes the store)"
                 ) from exc
+            refused = sandbox_refusal(message)
+            if refused:
+                raise StoreError(refused) from exc
+            failure = damaged(self.path, exc)
+            if "is damaged" in str(failure):
+                raise failure from exc
             raise StoreError(f"query failed: {message}") from exc
 
     def _dicts(self, sql: str, params: Sequence[Any] = ()) -> list[dict]:

@@ -8,8 +8,9 @@
     store(suite.resolved_text, suite.hash)         # the gate re-parses it: parse_suite_text(resolved_text)
 
 Modules: `document` (safe YAML with line/column marks, include merging), `schema` (the sections and their
-fields), `references` (names that must be defined), `load` (Suite), `expand` (cells, --only), `paths`
-(check_paths, over harness.model_refs), `errors` (SuiteError).
+fields), `references` (names that must be defined), `limits` (ceilings on sizes), `backend_options` (each
+backend's options), `metric_names` (what a gate may name), `load` (Suite), `expand` (cells, --only),
+`paths` (check_paths, over harness.model_refs), `errors` (SuiteError).
 """
 
 from harness.suite.document import SUITE_VERSION

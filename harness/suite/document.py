@@ -29,6 +29,10 @@ from harness.suite.errors import Mark, SuiteError, did_you_mean, show
 
 SUITE_VERSION = 1  # the suite format this harness reads; a file declares its own with `version:`
 MAX_NODES = 100_000  # aliases can make a short text expand enormously; no real suite comes near this
+MAX_DEPTH = 32  # mappings and lists inside each other; a real suite nests 5 deep
+MAX_BYTES = 4_000_000  # a suite file (or an included one) larger than this is not a suite
+INT64 = 2 ** 63  # integers are stored in 64-bit columns (seed BIGINT): anything beyond cannot be recorded
+SUITE_SUFFIXES = (".yaml", ".yml")
 
 DocPath = tuple[str | int, ...]
 
@@ -86,6 +90,23 @@ class Document:
     locations: Locations
 
 
+def read_suite_file(file: str) -> str:
+    """The text of a suite file: at most MAX_BYTES, UTF-8 (a bad byte is reported at its line and column)."""
+    size = os.path.getsize(file)
+    if size > MAX_BYTES:
+        raise SuiteError(f"{file} is {size} bytes, larger than a suite can be ({MAX_BYTES}); is it a suite file?",
+                         mark=Mark(file, 1, 1))
+    with open(file, "rb") as handle:
+        data = handle.read(MAX_BYTES + 1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = len(data[data.rfind(b"\n", 0, e.start) + 1 : e.start].decode("utf-8", "replace")) + 1
+        raise SuiteError(f"not UTF-8 text: byte 0x{data[e.start]:02x} cannot start or continue a character "
+                         f"(a suite is UTF-8 YAML)", mark=Mark(file, line, column)) from None
+
+
 def read_document(text: str, file: str) -> Document:
     """The suite at `file` (whose text is `text`) with its includes merged; `file` names it in errors
     and anchors relative includes; a name in angle brackets ("<text>") is not on disk and cannot include."""
@@ -133,6 +154,9 @@ class _Reader:
             data = self._build(root, ())
         except yaml.MarkedYAMLError as e:
             raise self._yaml_error(e) from None
+        except RecursionError:  # the YAML composer recurses once per level: brackets nested by the thousand
+            raise SuiteError(f"nested too deeply (mappings and lists inside each other, at most {MAX_DEPTH} levels)",
+                             mark=Mark(self.file, 1, 1)) from None
         except yaml.reader.ReaderError as e:  # a character YAML does not allow; it knows the offset only
             line = self.text.count("\n", 0, e.position) + 1
             column = e.position - (self.text.rfind("\n", 0, e.position) + 1) + 1
@@ -156,6 +180,9 @@ class _Reader:
         self.num_nodes += 1
         if self.num_nodes > MAX_NODES:
             raise self._fail(node, path, f"document too large (over {MAX_NODES} values once aliases expand)")
+        if len(path) > MAX_DEPTH:
+            raise self._fail(node, path[:MAX_DEPTH], f"nested too deeply (mappings and lists inside each other, at "
+                                                     f"most {MAX_DEPTH} levels)")
         if isinstance(node, MappingNode):
             self._check_tag(node, path, {_YAML + "map"})
             own = {id(k) for k, _ in node.value if k.tag != _YAML + "merge"}
@@ -168,7 +195,7 @@ class _Reader:
                 if id(key_node) in own:
                     if key in written:
                         first = self.locations.keys[here]
-                        raise self._fail(key_node, here, f"duplicate key {key!r} (first at line {first.line})")
+                        raise self._fail(key_node, here, f"duplicate key {show(key)} (first at line {first.line})")
                     written.add(key)
                 self.locations.keys[here] = self._mark(key_node)
                 self.locations.values[here] = self._mark(value_node)
@@ -182,7 +209,15 @@ class _Reader:
                 items.append(self._build(item, (*path, i)))
             return items
         self._check_tag(node, path, _SCALAR_TAGS)
-        return self.loader.construct_object(node)
+        try:
+            value = self.loader.construct_object(node)
+        except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+            raise self._fail(node, path, f"an integer of {len(node.value)} characters does not fit a 64-bit "
+                                         f"integer (|value| < 2**63)") from None
+        if isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64:
+            raise self._fail(node, path, f"{show(value)} does not fit a 64-bit integer (|value| < 2**63), "
+                                         f"which is how the store keeps it")
+        return value
 
     def _key(self, node: Node, path: DocPath) -> str:
         if isinstance(node, ScalarNode) and node.tag == _YAML + "str":
@@ -248,7 +283,7 @@ def _resolve(text: str, file: str, stack: tuple[tuple[str, str], ...]) -> Docume
         if not isinstance(name, str) or not name:
             raise doc.locations.error(where, f"expected a file name, got {show(name)}")
         if file.startswith("<"):
-            raise doc.locations.error(where, f"cannot include {name!r} from {file}: includes are resolved from "
+            raise doc.locations.error(where, f"cannot include {show(name)} from {file}: includes are resolved from "
                                              f"the including file's directory (store Suite.resolved_text instead)")
         target = os.path.normpath(os.path.join(os.path.dirname(file), name))
         chain = [*stack, here]
@@ -258,7 +293,10 @@ def _resolve(text: str, file: str, stack: tuple[tuple[str, str], ...]) -> Docume
         if not os.path.isfile(target):
             siblings = sorted(p.name for p in Path(target).parent.glob("*.yaml")) if Path(target).parent.is_dir() else []
             raise doc.locations.error(where, f"included file {target} not found{did_you_mean(Path(name).name, siblings)}")
-        included = _resolve(Path(target).read_text(encoding="utf-8"), target, (*stack, here))
+        if not target.endswith(SUITE_SUFFIXES):  # /etc/passwd, a binary, a script: only suite fragments merge
+            raise doc.locations.error(where, f"included file {target} is not a YAML suite file "
+                                             f"({' or '.join(SUITE_SUFFIXES)})")
+        included = _resolve(read_suite_file(target), target, (*stack, here))
         merged = _merge(merged, included)
     return _merge(merged, own)
 

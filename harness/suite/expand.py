@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 from harness.suite.document import DocPath
-from harness.suite.errors import SuiteError, did_you_mean, one_of
+from harness.suite.errors import SuiteError, did_you_mean, one_of, show
 from harness.suite.schema import (BACKENDS, CONFIDENCE_METHODS, CONFIDENCE_POLICIES, BUILTIN_POLICIES,
                                   drafters_of, policies_of)
 
@@ -184,14 +184,14 @@ def _check_runnable(suite: Suite, raw: dict[str, _Value], include: int | None, n
     method = drafters_of(suite.drafters)[drafter].method
     if num_drafts is None:
         where = ("matrix", "include", include) if include is not None else raw["drafter"].path
-        raise suite.locations.error(where, f"drafter {drafter!r} drafts, so it needs num_drafts: give "
+        raise suite.locations.error(where, f"drafter {show(drafter)} drafts, so it needs num_drafts: give "
                                            f"matrix.num_drafts or defaults.num_drafts")
     if policy.name == "static" and policy.verify_length > num_drafts:
-        problem = (f"policy {key!r} verifies {policy.verify_length} drafts per step but num_drafts is "
-                   f"{num_drafts} (drafter {drafter!r})")
+        problem = (f"policy {show(key)} verifies {policy.verify_length} drafts per step but num_drafts is "
+                   f"{num_drafts} (drafter {show(drafter)})")
         fix = f"exclude the combination: exclude: [{{policy: {key}, num_drafts: {num_drafts}}}]"
     elif policy.name in CONFIDENCE_POLICIES and method not in CONFIDENCE_METHODS:
-        problem = (f"policy {key!r} ({policy.name}) reads draft confidences, which drafter {drafter!r} "
+        problem = (f"policy {show(key)} ({policy.name}) reads draft confidences, which drafter {show(drafter)} "
                    f"(method {method}) does not give")
         fix = f"exclude the combination: exclude: [{{drafter: {drafter}, policy: {key}}}]"
     else:
@@ -220,9 +220,9 @@ def select(cells: Iterable[Cell], only: Iterable[str]) -> list[Cell]:
         name, sep, text = item.partition("=")
         axis = SELECT_ALIASES.get(name.strip(), name.strip())
         if not sep or not text.strip():
-            raise SuiteError(f"--only {item!r}: expected AXIS=VALUE, e.g. drafter=dspark")
+            raise SuiteError(f"--only {show(item)}: expected AXIS=VALUE, e.g. drafter=dspark")
         if axis not in SELECT_AXES:
-            raise SuiteError(f"--only {item!r}: " + one_of("axis", name.strip(), SELECT_AXES + tuple(SELECT_ALIASES)))
+            raise SuiteError(f"--only {show(item)}: " + one_of("axis", name.strip(), SELECT_AXES + tuple(SELECT_ALIASES)))
         for value in text.split(","):
             wanted.setdefault(axis, []).append(_parse(axis, value.strip(), item))
     for axis, values in wanted.items():
@@ -232,7 +232,7 @@ def select(cells: Iterable[Cell], only: Iterable[str]) -> list[Cell]:
                 shown = ", ".join(f"{p:g}" if isinstance(p, float) else str(p) for p in present) or "none"
                 raise SuiteError(f"--only {axis}={value:g}: no cell has {axis} {value:g}; values: {shown}"
                                  if isinstance(value, float) else
-                                 f"--only {axis}={value}: no cell has {axis} {value!r}"
+                                 f"--only {axis}={value}: no cell has {axis} {show(value)}"
                                  f"{did_you_mean(value, present)}; values: {shown}")
     return [c for c in cells if all(any(_same(c.axes()[a], v) for v in vs) for a, vs in wanted.items())]
 
@@ -243,7 +243,7 @@ def _parse(axis: str, text: str, item: str) -> Any:
     try:
         return float(text)
     except ValueError:
-        raise SuiteError(f"--only {item!r}: {axis} is a number, got {text!r}") from None
+        raise SuiteError(f"--only {show(item)}: {axis} is a number, got {show(text)}") from None
 
 
 def _present(cells: list[Cell], axis: str) -> list[Any]:

@@ -16,9 +16,12 @@ from typing import Iterable
 
 from harness.gate.rules import GateRule, Validity
 from harness.metrics import SLA
-from harness.suite.document import Locations, canonical_text, read_document
-from harness.suite.errors import SuiteError, did_you_mean
+from harness.suite.document import Locations, canonical_text, read_document, read_suite_file
+from harness.suite.errors import SuiteError, clip, did_you_mean, show
+from harness.suite.backend_options import check_backend_options
 from harness.suite.expand import expand
+from harness.suite.limits import check_limits
+from harness.suite import metric_names
 from harness.suite.references import check_references
 from harness.suite.schema import (Defaults, DrafterEntry, Matrix, PolicyEntry, ResourcesEntry, SuiteDoc, TargetEntry,
                                   TaskEntry, validate)
@@ -63,7 +66,7 @@ def load_suite(path: PathLike, *, tasks_dirs: PathLike | Iterable[PathLike] | No
         siblings = sorted(p.name for p in parent.glob("*.yaml")) if parent.is_dir() else []
         listing = f"; suites there: {', '.join(siblings)}" if siblings else ""
         raise SuiteError(f"{file}: no such suite file{did_you_mean(Path(file).name, siblings)}{listing}")
-    return parse_suite_text(Path(file).read_text(encoding="utf-8"), file, tasks_dirs=tasks_dirs)
+    return parse_suite_text(read_suite_file(file), file, tasks_dirs=tasks_dirs)
 
 
 def parse_suite_text(text: str, path: str = "<text>", *,
@@ -76,6 +79,9 @@ def parse_suite_text(text: str, path: str = "<text>", *,
                          "not a runnable suite", mark=document.locations.mark(()))
     doc = validate(document.data, document.locations)
     check_references(doc, document.locations, _known_tasks(tasks_dirs))
+    check_limits(doc, document.locations)
+    check_backend_options(doc.backend_options, document.locations)
+    check_gate_metrics(doc, document.locations)
     resolved = canonical_text(document.data, order=SuiteDoc.model_fields)
     suite = Suite(
         name=doc.name, version=doc.version, description=doc.description, path=path, text=text,
@@ -89,6 +95,15 @@ def parse_suite_text(text: str, path: str = "<text>", *,
     )
     expand(suite)
     return suite
+
+
+def check_gate_metrics(doc: SuiteDoc, locations: Locations) -> None:
+    """A gate names a metric the harness records (harness.suite.metric_names), or the suite is refused."""
+    for metric in doc.gates:
+        if not metric_names.known_metric(metric):
+            choices = metric_names.choices()
+            raise locations.error(("gates", metric), f"unknown metric {show(metric)}{did_you_mean(metric, choices)}; "
+                                                     f"metrics: {clip(', '.join(choices), 600)}", at="key")
 
 
 def _known_tasks(tasks_dirs: PathLike | Iterable[PathLike] | None) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from harness.suite.document import DocPath, Locations
-from harness.suite.errors import did_you_mean
+from harness.suite.errors import did_you_mean, show
 from harness.suite.schema import POLICIES, SuiteDoc, drafters_of, policies_of
 
 NAMED_AXES = ("target", "drafter", "task", "policy")
@@ -19,13 +19,13 @@ def check_references(doc: SuiteDoc, locations: Locations, known_tasks: Sequence[
     """Raise a SuiteError at the first name that refers to nothing."""
     for key in doc.tasks:
         if key not in known_tasks:
-            raise locations.error(("tasks", key), f"unknown task {key!r}{did_you_mean(key, known_tasks)}; tasks: "
+            raise locations.error(("tasks", key), f"unknown task {show(key)}{did_you_mean(key, known_tasks)}; tasks: "
                                                   f"{', '.join(known_tasks)} (a task is a YAML file in harness/tasks/ "
                                                   f"or $HARNESS_TASKS_DIR)", at="key")
     for key, policy in doc.policies.items():
         if key in POLICIES and policy.name != key:
-            raise locations.error(("policies", key, "name"), f"a policy named after the built-in {key!r} must be "
-                                                             f"one (name: {key}), not {policy.name!r}")
+            raise locations.error(("policies", key, "name"), f"a policy named after the built-in {show(key)} must be "
+                                                             f"one (name: {key}), not {show(policy.name)}")
     defined = {
         "target": list(doc.targets),
         "drafter": list(drafters_of(doc.drafters)),
@@ -54,9 +54,9 @@ def _uses(doc: SuiteDoc) -> Iterable[tuple[DocPath, str, Any]]:
 
 def _undefined(axis: str, value: Any, defined: list[str]) -> str:
     section = {"target": "targets", "drafter": "drafters", "task": "tasks", "policy": "policies"}[axis]
-    message = f"{axis} {value!r} is not defined{did_you_mean(value, defined)}; defined: {', '.join(defined) or 'none'}"
+    message = f"{axis} {show(value)} is not defined{did_you_mean(value, defined)}; defined: {', '.join(defined) or 'none'}"
     if axis == "policy" and value in ("static", "threshold"):
         example = "{static3: {name: static, verify_length: 3}}" if value == "static" else \
             "{thr07: {name: threshold, threshold: 0.7}}"
-        return f"policy {value!r} needs parameters: define one under policies:, e.g. policies: {example}"
+        return f"policy {show(value)} needs parameters: define one under policies:, e.g. policies: {example}"
     return f"{message} (define it under {section}:)"

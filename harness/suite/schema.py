@@ -19,6 +19,7 @@ unknown keys), and pydantic's errors turned into one-line `SuiteError`s at the o
     gates:    {acceptance_length: {direction: higher, test: paired_bootstrap, relative: 0.01}}
     backend_options: {vllm: {gpu_memory_utilization: 0.9}}
     resources: {inhouse: {num_cpus: 1}, vllm: {num_gpus: 1, num_cpus: 4, memory_gb: 64}}   # optional
+    limits:   {max_new_tokens: 32768, concurrency: 4096, ...}   # optional: raise a ceiling (Limits)
 
 Strict means YAML types are taken as written: `n_samples: "8"` is an error, not 8; an integer is
 accepted where a number is expected. Checks that span sections (a matrix value naming a defined drafter,
@@ -53,6 +54,8 @@ DIRECTIONS = ("higher", "lower")
 TESTS = ("paired_bootstrap", "mann_whitney", "threshold")
 LEVELS = ("fail", "warn")
 MAX_NUM_DRAFTS = 32
+INT64_MAX = 2 ** 63 - 1
+INT32_MAX = 2 ** 31 - 1  # INTEGER columns of the store (concurrency, num_drafts, repeat)
 EMBEDDED = "embedded"  # target path of the committed embedded default; drafts are "embedded:<name>"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -75,13 +78,13 @@ def _choice(noun: str, choices: tuple[str, ...]) -> AfterValidator:
 
 def _name(value: str) -> str:
     if not _NAME.match(value):
-        fail(f"names are letters, digits, '_', '.' and '-' (starting with a letter or digit), got {value!r}")
+        fail(f"names are letters, digits, '_', '.' and '-' (starting with a letter or digit), got {show(value)}")
     return value
 
 
 def _metric(value: str) -> str:
     if not _METRIC.match(value):
-        fail(f"a gate is keyed by a metric name (letters, digits, '_'), got {value!r}")
+        fail(f"a gate is keyed by a metric name (letters, digits, '_'), got {show(value)}")
     return value
 
 
@@ -97,7 +100,7 @@ Temperature = Annotated[float, Field(ge=0)]
 class Section(BaseModel):
     """Strict, frozen, and an unknown key is reported with the nearest valid one."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)  # .inf/.nan: never
 
     @model_validator(mode="before")
     @classmethod
@@ -218,7 +221,7 @@ class Defaults(Section):
     policy: str | None = None
     concurrency: Concurrency | None = None
     rate: Rate | None = None
-    seed: Annotated[int, Field(ge=0)] = 0
+    seed: Annotated[int, Field(ge=0, le=INT64_MAX)] = 0  # the store keeps it in a BIGINT
     warmup: Annotated[int, Field(ge=0)] = 0  # first conversations of a cell run but not measured
     repeats: Annotated[int, Field(ge=1)] = 1  # runs of each cell (Mann-Whitney gates compare repeats)
 
@@ -366,6 +369,21 @@ class ResourcesEntry(Section):
     memory_gb: Annotated[float, Field(gt=0)] | None = None  # Ray schedules on it; not costed
 
 
+class Limits(Section):
+    """Ceilings on what a cell may ask of a machine, checked at load (harness.suite.limits): a typo such
+    as `max_new_tokens: 1000000000` or `concurrency: [100000]` must not allocate hundreds of GB. A suite
+    that really needs more raises the ceiling here, in the file, where a reviewer sees it."""
+
+    n_samples: Annotated[int, Field(ge=1, le=INT32_MAX)] = 100_000  # per task
+    max_new_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] = 32_768  # per generated turn
+    concurrency: Annotated[int, Field(ge=1, le=INT32_MAX)] = 4_096  # requests in flight
+    rate: Annotated[float, Field(gt=0, le=1e9)] = 10_000.0  # requests/s, open loop
+    repeats: Annotated[int, Field(ge=1, le=INT32_MAX)] = 1_000
+    warmup: Annotated[int, Field(ge=0, le=INT32_MAX)] = 10_000
+    resamples: Annotated[int, Field(ge=1, le=INT32_MAX)] = 1_000_000  # per gate (bootstrap)
+    cells: Annotated[int, Field(ge=1, le=INT32_MAX)] = 10_000  # combinations before exclude
+
+
 class SuiteDoc(Section):
     """A whole suite document, includes merged."""
 
@@ -383,6 +401,7 @@ class SuiteDoc(Section):
     gates: dict[Metric, GateEntry] = {}
     backend_options: dict[Backend, Annotated[dict[str, Any], AfterValidator(_option_values)]] = {}
     resources: dict[Backend, ResourcesEntry] = {}  # per backend; absent: the hash is as without the field
+    limits: Limits = Limits()  # absent: the hash is as without the field
 
 
 def drafters_of(drafters: dict[str, DrafterEntry]) -> dict[str, DrafterEntry]:
@@ -441,6 +460,8 @@ def schema_error(error: dict[str, Any], locations: Locations) -> SuiteError:
         return locations.error(path[:-1], f"missing required key {path[-1]!r}{hint}", at="key")
     if kind == "extra_forbidden":
         return locations.error(path, f"unknown key {show(path[-1])}", at="key")
+    if kind == "finite_number":
+        return locations.error(path, f"must be a finite number, got {show(value)}", at=at)
     if kind in _EXPECTED:
         return locations.error(path, f"expected {_EXPECTED[kind]}, got {show(value)}", at=at)
     if kind in _BOUNDS:

@@ -178,8 +178,8 @@ def test_defaults_and_single_definitions_fill_missing_axes():
 
 
 def test_cells_carry_the_definitions():
-    head = MATRIX.replace("matrix:\n", "sla: {ttft_s: 2.0}\nbackend_options: {inhouse: {num_slots: 64, "
-                                       "tags: [a, b]}}\nmatrix:\n")
+    head = MATRIX.replace("matrix:\n", "sla: {ttft_s: 2.0}\nbackend_options: {inhouse: {num_slots: 64}, "
+                                       "vllm: {tags: [a, b]}}\nmatrix:\n")
     cell = cells_of("  backend: [inhouse]\n  drafter: [dspark]\n  num_drafts: [3]\n  policy: [thr07]\n"
                     "  task: [mt_bench]\n  concurrency: [2]\n", head)[0]
     assert cell.target.path == "embedded" and cell.target.dtype == "float32"
@@ -187,8 +187,11 @@ def test_cells_carry_the_definitions():
     assert (cell.task.n_samples, cell.task.max_new_tokens, cell.task.multi_turn) == (2, 8, True)
     assert (cell.policy.name, cell.policy.threshold) == ("threshold", 0.7)
     assert cell.sla is not None and cell.sla.ttft_s == 2.0
-    assert cell.backend_options == (("num_slots", 64), ("tags", ("a", "b")))
+    assert cell.backend_options == (("num_slots", 64),)
     hash(cell)
+    (flagged,) = cells_of("  backend: [vllm]\n  drafter: [dspark]\n  num_drafts: [3]\n  task: [mt_bench]\n"
+                          "  concurrency: [2]\n", head)
+    assert flagged.backend_options == (("tags", ("a", "b")),)  # a server flag's list, frozen
 
 
 def test_ids_are_stable_across_loads_and_key_order():
