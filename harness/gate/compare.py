@@ -193,7 +193,9 @@ def display_row(row: CompareRow) -> list[str]:
 
 
 def compare_table(rows: Sequence[CompareRow]) -> str:
-    """Aligned plain-text table of compare rows."""
+    """Aligned plain-text table of compare rows; "(0 rows)" when there are none."""
+    if not rows:
+        return "(0 rows)\n"
     body = [display_row(r) for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(COLUMNS, *body)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [COLUMNS, *body]]
