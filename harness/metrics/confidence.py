@@ -18,6 +18,7 @@ from typing import Sequence
 
 from harness.metrics.metric import Metric
 from harness.metrics.records import RequestRecord
+from harness.metrics.dependencies import CONTENT
 
 
 def confidence_table(records: Sequence[RequestRecord]):
@@ -76,3 +77,9 @@ def calibration_metrics(records: Sequence[RequestRecord], temperatures=None, num
         for row in report.position_rows():
             out[f"ece_{label}_k{row['position']}"] = Metric(row["ece"], "fraction", row["num_observed"])
     return out
+
+
+# Comparability (harness.metrics.dependencies): confidences and acceptances are content, not timing.
+DEPENDS_ON = {name: CONTENT for name in (
+    "ece_raw", "ece_calibrated", "brier_raw", "brier_calibrated", "ece_position_raw", "ece_position_calibrated",
+)}
