@@ -126,7 +126,8 @@ class RequestResult:
 
 @dataclass(frozen=True)
 class CalibrationBin:
-    """One reliability-diagram bin: positions pooled (position 0) or one draft position k ≥ 1."""
+    """One reliability-diagram bin of one draft position k ≥ 1 (stores before the one-ECE change also hold
+    position 0, every position pooled: a different statistic, which nothing reads any more)."""
 
     kind: str  # raw | calibrated
     position: int

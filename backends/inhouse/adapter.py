@@ -309,24 +309,8 @@ class InhouseBackend:
 
 
 def calibration_bins(records, window: MeasurementWindow, temperatures) -> list[CalibrationBin]:
-    from harness.metrics import calibration_reports, requests_in, succeeded
+    """The window's reliability bins per draft position (`harness.metrics.confidence.reliability_bins`)."""
+    from harness.metrics import requests_in, succeeded
+    from harness.metrics.confidence import reliability_bins
 
-    reports = calibration_reports(succeeded(requests_in(records, window)), temperatures)
-    if reports is None:
-        return []
-    out = []
-    for kind, report in zip(("raw", "calibrated"), reports):
-        if report is None:
-            continue
-        pooled: dict[int, list[float]] = {}
-        for row in report.reliability_rows():
-            count = int(row["count"])
-            conf, real = float(row["mean_predicted"]) * count, float(row["mean_realised"]) * count
-            out.append(CalibrationBin(kind, int(row["position"]), int(row["bin"]), row["bin_lo"], row["bin_hi"],
-                                      count, conf, real))
-            acc = pooled.setdefault(int(row["bin"]), [row["bin_lo"], row["bin_hi"], 0, 0.0, 0.0])
-            acc[2] += count
-            acc[3] += conf
-            acc[4] += real
-        out += [CalibrationBin(kind, 0, b, lo, hi, int(n), c, r) for b, (lo, hi, n, c, r) in sorted(pooled.items())]
-    return out
+    return [CalibrationBin(*row) for row in reliability_bins(succeeded(requests_in(records, window)), temperatures)]
