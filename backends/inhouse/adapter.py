@@ -127,8 +127,13 @@ class InhouseBackend:
         longest = max(len(r.prompt_ids) for r in first_turns)
         max_context = min(self.max_context, getattr(target.model.config, "max_position_embeddings", 1 << 30))
         max_context = max(max_context, longest + cell.task.max_new_tokens)
+        verifier = None
+        if cell.is_synthetic:  # not lossless: accepts by the suite's law (marked in label, params, provenance, metrics)
+            from dspark_core.verification import synthetic_verifier
+            verifier = synthetic_verifier(cell.drafter.synthetic_acceptance)
         engine = Engine(target.model, drafter, EngineConfig(num_slots=num_slots, max_context=max_context,
-                                                            num_drafts=max(cell.num_drafts, 1)), policy)
+                                                            num_drafts=max(cell.num_drafts, 1)), policy,
+                        verifier=verifier)
         # Warm-up is a phase of its own: its conversations run to completion before the measured load
         # starts, so the measured requests are the same ones in every run (the gate pairs them) and the
         # window holds no warm-up tail.
@@ -303,9 +308,20 @@ class InhouseBackend:
             "device": str(self.device),
             "threads": str(torch.get_num_threads()),
         }
+        if cell.is_synthetic:  # every row of a synthetic cell says so: provenance, and a metric of its own
+            provenance["synthetic_acceptance"] = list(cell.drafter.synthetic_acceptance)
+            metrics = synthetic_marked(metrics)
         bins = calibration_bins(records, window, temperatures)
         return CellResult(requests, steps, window, provenance,
                           tuple(temperatures) if temperatures else None, metrics, bins, policy_note)
+
+
+def synthetic_marked(metrics):
+    """The metrics plus `synthetic_acceptance` = 1: a flag row in the store (`metrics`), so a query over
+    acceptance or throughput can exclude (or select) cells whose acceptance was synthetic, not measured."""
+    from harness.metrics import Metric, MetricSet
+
+    return MetricSet({**metrics, "synthetic_acceptance": Metric(1.0, "flag", 1)})
 
 
 def calibration_bins(records, window: MeasurementWindow, temperatures) -> list[CalibrationBin]:
