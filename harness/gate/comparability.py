@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from harness.gate.data import CellInfo, RunInfo
 from harness.metrics.dependencies import Scope
-from harness.provenance import CONTENT_PROVENANCE_KEYS, ENGINE_PACKAGES, content_parts
+from harness.provenance import CONTENT_PROVENANCE_KEYS, ENGINE_PACKAGES, FINGERPRINT_KEYS, content_parts
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def hardware_difference(cand_run: RunInfo, cand: CellInfo, base_run: RunInfo, ba
     reasons: list[str] = []
     if cand_run.host_fingerprint != base_run.host_fingerprint:
         reasons.append(f"host fingerprint: {_short(base_run.host_fingerprint)} → {_short(cand_run.host_fingerprint)}")
-        reasons += _diff("host", _flatten(base_run.host), _flatten(cand_run.host))
+        reasons += _diff("host", base_run.host, cand_run.host, FINGERPRINT_KEYS)  # the fields it hashes
     elif cand.comparability_key is None or cand.comparability_key != base.comparability_key:
         reasons.append(
             f"comparability key: {_short(base.comparability_key)} → {_short(cand.comparability_key)} "
