@@ -10,12 +10,14 @@ from `dspark_core.verification.rejection_sample` in exactly one place:
     ignore_q            accept iff u < p(x), the draft's own probability q(x) ignored
     resample_from_p     on a rejection, the next token is drawn from p instead of the residual max(0, p − q)
 
-Measuring power (`measure`): one large pool of sampled requests per broken verifier on the real engine,
-each request scored by the target (the audit's own PIT values); the audit at a given size draws that
-many tokens' worth of requests from the pool, with replacement, and the detection rate over `trials`
-draws at α is the power (the bootstrap estimate of the test's rejection rate at that size). The table
-the audit prints (`POWER`) is what `python3 -m harness.audit_power` measured; rerun it after changing
-the drafter, the task or the test.
+Measuring power (`measure`): one large pool of sampled requests per verifier on the real engine (the
+lossless one too, for the false-alarm rate), each request scored by the target (the audit's own PIT
+values); an audit of a given size draws that many tokens' worth of whole requests from the pool, with
+replacement, and the detection rate over `trials` draws at α is the power (the bootstrap estimate of
+the rejection rate at that size; it runs high once the size nears the pool's, which is why the pools
+are several times the sizes). `audit_power.json` is what `python3 -m harness.audit_power` measured,
+for every candidate test; the audit prints its chosen test's row. Rerun it after changing the drafter,
+the task or the test.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def broken_verifier(bug: str) -> Callable:
 
 
 def detection_rate(pool: Sequence[Sequence[float]], tokens: int, alpha: float, trials: int, seed: int = 0,
-                   test=None) -> float:
+                   test: Callable | None = None) -> float:
     """Share of `trials` audits of ≥ `tokens` PIT values (whole requests drawn from `pool` with
     replacement) whose test p-value is below `alpha`."""
     from harness.audit import pit_test
@@ -117,38 +119,67 @@ def _pool(backend, cell, bug: str | None, samples: int, temperature: float) -> l
     return out
 
 
-def measure(cell, sizes: Sequence[int], samples: int = 160, trials: int = 400, temperature: float = 1.0,
-            alpha: float | None = None) -> dict:
-    """{"alpha", "sizes", "power": {bug: [power at each size]}, "size_lossless": [rejection rate of the
-    real verifier at each size], "pool_tokens": {bug: tokens}} on the in-house engine."""
-    from backends.inhouse.adapter import InhouseBackend
+# Requests per pool: the hardest bug and the lossless verifier (whose false-alarm rate is measured too) get
+# the largest pools, so that the sizes the audit needs stay a small share of the pool resampled.
+POOL_REQUESTS = {"lossless": 400, "wrong_temperature": 120, "accept_all": 120, "ignore_q": 120,
+                 "resample_from_p": 400}
+SIZES = (1000, 2000, 3000, 4000, 5000)
+CANDIDATE_TESTS = ("anderson_darling", "kolmogorov_smirnov", "chi_square_10", "chi_square_5")
+
+
+def candidate_tests() -> dict[str, Callable]:
+    from harness.audit import anderson_darling_uniform, chi_square_uniform, ks_uniform
+
+    return {"anderson_darling": anderson_darling_uniform, "kolmogorov_smirnov": ks_uniform,
+            "chi_square_10": lambda v: chi_square_uniform(v, 10), "chi_square_5": lambda v: chi_square_uniform(v, 5)}
+
+
+def pools(cell, cache: Path | None = None, temperature: float = 1.0) -> dict[str, list[list[float]]]:
+    """{verifier: PIT values per request} on the in-house engine, read from / written to `cache` (JSON)."""
+    out: dict[str, list[list[float]]] = json.loads(cache.read_text()) if cache and cache.is_file() else {}
+    missing = [name for name in POOL_REQUESTS if name not in out]
+    if missing:
+        from backends.inhouse.adapter import InhouseBackend
+
+        backend = InhouseBackend(num_threads=1)
+        try:
+            for name in missing:
+                bug = None if name == "lossless" else name
+                out[name] = _pool(backend, cell, bug, POOL_REQUESTS[name], temperature)
+                if cache:
+                    cache.write_text(json.dumps(out))
+        finally:
+            backend.close()
+    return out
+
+
+def measure(cell, sizes: Sequence[int] = SIZES, trials: int = 400, cache: Path | None = None) -> dict:
+    """The power table: per candidate test, per verifier (the lossless one: its false-alarm rate), the
+    detection rate at each size at the audit's α."""
     from harness.audit import ALPHA
 
-    alpha = ALPHA if alpha is None else alpha
-    backend = InhouseBackend(num_threads=1)
-    try:
-        pools = {bug: _pool(backend, cell, bug, samples, temperature) for bug in (None, *BROKEN)}
-    finally:
-        backend.close()
+    pooled = pools(cell, cache)
     return {
-        "alpha": alpha, "sizes": list(sizes), "trials": trials, "cell": cell.label(),
-        "pool_tokens": {str(bug): sum(map(len, pool)) for bug, pool in pools.items()},
-        "power": {bug: [detection_rate(pools[bug], n, alpha, trials, seed=i) for i, n in enumerate(sizes)]
-                  for bug in BROKEN},
-        "size_lossless": [detection_rate(pools[None], n, alpha, trials, seed=i) for i, n in enumerate(sizes)],
+        "alpha": ALPHA, "sizes": list(sizes), "trials": trials, "cell": cell.label(),
+        "pool_tokens": {name: sum(map(len, pool)) for name, pool in pooled.items()},
+        "tests": {name: {bug: [detection_rate(pool, n, ALPHA, trials, seed=i, test=test) for i, n in enumerate(sizes)]
+                         for bug, pool in pooled.items()}
+                  for name, test in candidate_tests().items()},
     }
 
 
 def main(argv: Sequence[str] = ()) -> int:
-    """`python3 -m harness.audit_power [SIZES…]`: measure and write `audit_power.json` beside this module."""
+    """`python3 -m harness.audit_power [POOL_CACHE.json]`: measure the candidate tests' power on the embedded
+    default and write `audit_power.json` beside this module (the audit prints its chosen test's row)."""
     from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
-    sizes = [int(a) for a in argv] or [250, 500, 1000, 2000, 4000]
     cell = Cell("inhouse", TargetSpec("embedded", "embedded"), DrafterSpec("dspark", "dspark", "embedded:dspark"),
                 3, TaskSpec("gsm8k", 8, 48), PolicySpec("full"), concurrency=8)
-    table = measure(cell, sizes)
+    table = measure(cell, cache=Path(argv[0]) if argv else None)
     POWER_FILE.write_text(json.dumps(table, indent=1) + "\n")
-    print(json.dumps(table, indent=1))
+    for test, rows in table["tests"].items():
+        for bug, powers in rows.items():
+            print(f"{test:20s} {bug:18s} " + "  ".join(f"{n}:{p:.3f}" for n, p in zip(table["sizes"], powers)))
     return 0
 
 
