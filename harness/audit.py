@@ -38,7 +38,7 @@ from harness.cells import Cell, PolicySpec, TaskSpec
 
 ALPHA = 0.01
 NUM_BINS = 10
-DEFAULT_TOKENS = 2000  # sampled tokens per cell: ≥ 0.95 power against every broken verifier (audit_power.json)
+DEFAULT_TOKENS = 3000  # sampled tokens per cell: the smallest measured size with ≥ 0.95 power against all four
 
 
 @dataclass(frozen=True)
