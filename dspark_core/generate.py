@@ -292,13 +292,15 @@ def speculative_step(
     num_drafts: int,
     max_verify: Tensor,
     policy: VerifyPolicy | None = None,
+    verifier: Callable | None = None,
 ) -> tuple[list[list[int]], list[int], list[int], list[list[float]] | None]:
     """One step for slots `rows`: returns per row the emitted tokens, drafts verified, drafts accepted,
     and the verified positions' confidence logits (None if the drafter has no confidence head).
 
     `max_verify` [R] caps the drafts verified per row (the remaining token budget minus the bonus). A
     `DraftLengthPolicy` first picks how many of the `num_drafts` tokens to draft (0: no draft forward), and
-    afterwards hears what was verified and accepted.
+    afterwards hears what was verified and accepted. `verifier` replaces `verify` (same signature) for the
+    drafts: only `verification.synthetic_verifier` does, to measure the engine at a fixed acceptance.
     """
     started = time.perf_counter()
     device = target.device
@@ -337,7 +339,7 @@ def speculative_step(
     cu_num_drafts[1:] = n_verify.cumsum(0)
     draft_tokens = inputs[:, 1:]
     draft_probs = proposal.draft_probs[:, : width - 1][draft_valid] if proposal.draft_probs is not None else None
-    result = verify(
+    result = (verifier or verify)(
         out.logits[target_valid], draft_tokens[draft_valid], cu_num_drafts, draft_probs, temperatures, generators,
     )
     num_accepted = result.num_accepted

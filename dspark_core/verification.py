@@ -20,6 +20,7 @@ this reference consume the same noise.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -190,3 +191,36 @@ def dispatch_rejection_sample(
 
 def _per_target_row(temperatures: Tensor, num_drafts: Tensor) -> Tensor:
     return torch.repeat_interleave(temperatures, num_drafts + 1)
+
+
+def synthetic_verifier(conditional_rates: Sequence[float]):
+    """A verifier that accepts by a given law instead of by the target: NOT lossless, for engine speed only.
+
+    Draft k of a request (1-indexed) is accepted with probability `conditional_rates[k − 1]` given that
+    drafts 1 … k−1 were (positions past the list use its last rate), decided by the same per-request
+    uniforms `verify` draws (`draw_verify_uniforms`, one stream per request, so the law holds whatever the
+    batch); the token after the accepted drafts is the target's own (its argmax when greedy, else a sample
+    from p_t with the request's sampling uniform). The emitted text is therefore the drafts' up to the
+    synthetic cut: what this measures is the engine's throughput at a fixed acceptance, the vLLM
+    `synthetic_acceptance_rates` idea, apart from the drafter's quality. A separate function, not a flag
+    of `verify`, so the lossless path carries no switch that could leak into a real run.
+
+    Returns a callable with `verify`'s signature (`dspark_core.generate.speculative_step(verifier=…)`).
+    """
+    rates = [float(r) for r in conditional_rates]
+    if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
+        raise ValueError(f"conditional acceptance rates must be a non-empty list in [0, 1], got {rates}")
+
+    def verify_synthetic(target_logits, draft_token_ids, cu_num_drafts, draft_probs, temperatures, generators):
+        accept_u, sample_u = draw_verify_uniforms(generators, cu_num_drafts[1:] - cu_num_drafts[:-1])
+        device = target_logits.device
+        layout = _Layout.of(cu_num_drafts, draft_token_ids.numel())
+        law = torch.tensor(rates, dtype=torch.float64, device=device)
+        rate = law[layout.local_pos.clamp(max=len(rates) - 1)]  # [total_drafts]
+        num_accepted = layout.num_accepted(accept_u.to(device).double() < rate)
+        final_logits = target_logits[layout.final_target_row(num_accepted)]  # [R, vocab]
+        probs = logits_to_probs(final_logits, temperatures)
+        return VerifyOutput(num_accepted=num_accepted, next_token_ids=sample_from_probs(probs, sample_u.to(device)))
+
+    verify_synthetic.conditional_rates = tuple(rates)
+    return verify_synthetic

@@ -14,8 +14,16 @@ Two checks per speculative cell (drafter, γ, policy, load as in the suite):
    distribution at once, with every emitted token as a sample. Ordering by probability makes the test most sensitive to the usual failure of a
    wrong verifier: too much mass on the target's likely tokens.
 
-The audit fails (exit 1) on any greedy mismatch or a χ² p-value below `ALPHA` (strict, so that a
-lossless backend fails it by chance once in 10⁴ runs).
+The audit fails (exit 1) on any greedy mismatch or a p-value below `ALPHA` = 0.01 (a lossless backend
+fails a cell by chance once in 100 audits).
+
+Size and test by measured power (`harness.audit_power`): four classic lossy verifiers (wrong
+temperature, accept-all, accept iff u < p ignoring q, resample from p instead of the residual) plugged
+into the real engine in place of the verifier, a large pool of scored requests each, and the detection
+rate of candidate tests at candidate sizes, by resampling requests from the pool. The default sampled
+check draws at least `DEFAULT_TOKENS` tokens (requests of the cell's task, as many as that takes) and
+uses the test that reached ≥ 0.95 power against all four with the fewest tokens; the audit prints the
+measured table (`audit_power.json`) with every run, so its power is stated, not assumed.
 """
 
 from __future__ import annotations
@@ -28,8 +36,9 @@ from typing import Sequence
 
 from harness.cells import Cell, PolicySpec, TaskSpec
 
-ALPHA = 1e-4
+ALPHA = 0.01
 NUM_BINS = 10
+DEFAULT_TOKENS = 3000  # sampled tokens per cell: the smallest measured size with ≥ 0.95 power against all four
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,80 @@ def chi_square_uniform(values: Sequence[float], num_bins: int = NUM_BINS) -> tup
     return stat, p
 
 
+def anderson_darling_uniform(values: Sequence[float]) -> tuple[float, float]:
+    """(A², p-value) of the Anderson-Darling test that `values` are uniform on [0, 1): a CDF test like
+    Kolmogorov-Smirnov, weighted towards the tails, where a lossy verifier moves PIT mass (the
+    probability ranks' extremes). p from Marsaglia & Marsaglia's (2004) approximation of the limiting
+    distribution, accurate to a few 1e-6 for the sample sizes the audit uses (hundreds of values up)."""
+    n = len(values)
+    if n < 10:
+        raise ValueError(f"{n} values are too few for an Anderson-Darling test (need ≥ 10)")
+    tiny = 1e-300
+    xs = sorted(min(max(u, tiny), 1.0 - 1e-16) for u in values)
+    total = sum((2 * i + 1) * (math.log(xs[i]) + math.log1p(-xs[n - 1 - i])) for i in range(n))
+    a2 = -n - total / n
+    return a2, 1.0 - _ad_limit_cdf(a2)
+
+
+def _ad_limit_cdf(z: float) -> float:
+    """P(A² ≤ z) of the limiting Anderson-Darling distribution (Marsaglia & Marsaglia 2004, `adinf`)."""
+    if z <= 0:
+        return 0.0
+    if z < 2:
+        return math.exp(-1.2337141 / z) / math.sqrt(z) * (
+            2.00012 + (0.247105 - (0.0649821 - (0.0347962 - (0.011672 - 0.00168691 * z) * z) * z) * z) * z)
+    return math.exp(-math.exp(1.0776 - (2.30695 - (0.43424 - (0.082433 - (0.008056 - 0.0003146 * z) * z) * z) * z) * z))
+
+
+def ks_uniform(values: Sequence[float]) -> tuple[float, float]:
+    """(D, p-value) of the one-sample Kolmogorov-Smirnov test that `values` are uniform on [0, 1)
+    (Stephens' finite-n correction of the asymptotic Kolmogorov distribution)."""
+    n = len(values)
+    if n < 10:
+        raise ValueError(f"{n} values are too few for a Kolmogorov-Smirnov test (need ≥ 10)")
+    xs = sorted(values)
+    d = max(max((i + 1) / n - x, x - i / n) for i, x in enumerate(xs))
+    lam = (math.sqrt(n) + 0.12 + 0.11 / math.sqrt(n)) * d
+    p = 2 * sum((-1) ** (k - 1) * math.exp(-2 * k * k * lam * lam) for k in range(1, 101))
+    return d, min(1.0, max(0.0, p))
+
+
+def pit_test(values: Sequence[float]) -> tuple[float, float]:
+    """The sampled check's test of uniform PIT values, (statistic, p): Anderson-Darling, the most powerful
+    of the candidates against every broken verifier at every size measured (audit_power.json)."""
+    return anderson_darling_uniform(values)
+
+
+PIT_TEST = "Anderson-Darling"
+PIT_TEST_KEY = "anderson_darling"  # its rows in audit_power.json
+
+
+def power_line() -> str:
+    """What the sampled check can catch at its default size, as measured (`python3 -m harness.audit_power`)."""
+    import json
+
+    from harness.audit_power import POWER_FILE
+
+    try:
+        table = json.loads(POWER_FILE.read_text())
+        at = table["sizes"].index(DEFAULT_TOKENS)
+        rows = dict(table["tests"][PIT_TEST_KEY])
+    except (OSError, ValueError, KeyError):
+        return f"sampled check: {PIT_TEST}, ≥ {DEFAULT_TOKENS} tokens per cell, α={ALPHA:g}; power not measured"
+    lossless = rows.pop("lossless", None)
+    powers = ", ".join(f"{bug} {p[at]:.2f}" for bug, p in rows.items())
+    alarms = f"; false alarms (lossless) {lossless[at]:.3f}" if lossless else ""
+    return (f"sampled check: {PIT_TEST}, ≥ {DEFAULT_TOKENS} tokens per cell, α={ALPHA:g}; measured power at that "
+            f"size ({table['cell']}, {table['trials']} resampled audits): {powers}{alarms}")
+
+
+def default_requests(cell: Cell, tokens: int = DEFAULT_TOKENS) -> int:
+    """Requests of `cell`'s task that emit ≥ `tokens` tokens if most run to max_new_tokens (an upper bound of
+    what one request emits), with a margin for those that stop early; never fewer than the suite's."""
+    per_request = max(1, cell.task.max_new_tokens) * (2 if cell.task.multi_turn and cell.task.name == "mt_bench" else 1)
+    return max(cell.task.n_samples, math.ceil(1.3 * tokens / per_request))
+
+
 class LocalScorer:
     """`score_tokens` for backends that cannot score (servers): the target loaded in this process, as the
     in-house backend loads it (a local directory, or a hub id when online)."""
@@ -125,10 +208,14 @@ def run_audit(suite_path, only: Sequence[str] = (), samples: int | None = None, 
 
     out = out if out is not None else sys.stdout
     suite, cells = load_cells(suite_path, only)
-    speculative = [c for c in cells if not c.is_plain]
+    for cell in (c for c in cells if c.is_synthetic):
+        print(f"REFUSED {cell.label()}: synthetic acceptance is not lossless by construction (it measures engine "
+              "speed at a fixed acceptance); not audited, never reported as lossless", file=out)
+    speculative = [c for c in cells if not c.is_plain and not c.is_synthetic]
     if not speculative:
         print("no speculative cells to audit", file=out)
         return 0
+    print(power_line(), file=out)
     backends: dict[str, object] = {}
     scorer = LocalScorer()
     plain_cache: dict[str, dict[str, tuple[int, ...]]] = {}
@@ -170,7 +257,7 @@ def audit_cell(backend, cell: Cell, plain_cache: dict, samples: int | None,
     if score is None:
         found.append(AuditFinding(cell, "sampled", None, f"backend {cell.backend!r} cannot score tokens with the target"))
         return found
-    sampled = at_temperature(cell, temperature, samples)
+    sampled = at_temperature(cell, temperature, samples or default_requests(cell))
     result = backend.run_cell(sampled)
     import random
 
@@ -182,10 +269,11 @@ def audit_cell(backend, cell: Cell, plain_cache: dict, samples: int | None,
         probs = score(sampled, r.prompt_ids, r.output_ids, temperature)  # [len(output), vocab]
         values += pit_values(probs, r.output_ids, [rng.random() for _ in r.output_ids])
     try:
-        stat, p = chi_square_uniform(values)
+        stat, p = pit_test(values)
     except ValueError as exc:
         found.append(AuditFinding(cell, "sampled", None, str(exc)))
         return found
-    found.append(AuditFinding(cell, "sampled", p >= ALPHA,
-                              f"T={temperature:g}: {len(values)} tokens, χ²={stat:.1f} (dof {NUM_BINS - 1}), p={p:.3g}"))
+    short = f"; fewer than the {DEFAULT_TOKENS} tokens the power was measured at" if len(values) < DEFAULT_TOKENS else ""
+    found.append(AuditFinding(cell, "sampled", p >= ALPHA, f"T={temperature:g}: {len(values)} tokens, {PIT_TEST}: "
+                                                           f"statistic {stat:.1f}, p={p:.3g}{short}"))
     return found

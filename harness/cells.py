@@ -30,6 +30,9 @@ class DrafterSpec:
     method: str  # none | dspark | dflash | eagle3 | ngram | draft_model
     checkpoint: str | None = None  # draft checkpoint directory (methods with weights)
     head: str | None = None  # dspark head override (markov | gated | rnn); None: the checkpoint's
+    # Synthetic acceptance (engine speed apart from drafter quality; NOT lossless): per-position conditional
+    # acceptance rates the verifier accepts by instead of the target (dspark_core.verification.synthetic_verifier)
+    synthetic_acceptance: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,16 @@ class Cell:
         """Canonical, JSON-able parameters: everything that defines the measurement."""
         out = asdict(self)
         out["backend_options"] = dict(self.backend_options)
+        if self.drafter.synthetic_acceptance is None:  # absent, not null: real cells keep their ids
+            del out["drafter"]["synthetic_acceptance"]
+        else:
+            out["drafter"]["synthetic_acceptance"] = list(self.drafter.synthetic_acceptance)
         return out
+
+    @property
+    def is_synthetic(self) -> bool:
+        """Accepts by a synthetic law, not by the target: never lossless, marked wherever it shows."""
+        return self.drafter.synthetic_acceptance is not None
 
     @property
     def cell_id(self) -> str:
@@ -102,6 +114,8 @@ class Cell:
     def label(self) -> str:
         load = f"c{self.concurrency}" if self.concurrency is not None else f"r{self.rate:g}"
         gamma = "" if self.is_plain else f" γ{self.num_drafts} {self.policy.name}"
+        if self.is_synthetic:
+            gamma += " SYNTHETIC α=" + ",".join(f"{r:g}" for r in self.drafter.synthetic_acceptance)
         return f"{self.backend}/{self.target.name}/{self.drafter.name}{gamma}/{self.task.name} T{self.task.temperature:g}/{load}"
 
 
@@ -120,7 +134,8 @@ class RequestResult:
 
 @dataclass(frozen=True)
 class CalibrationBin:
-    """One reliability-diagram bin: positions pooled (position 0) or one draft position k ≥ 1."""
+    """One reliability-diagram bin of one draft position k ≥ 1 (stores before the one-ECE change also hold
+    position 0, every position pooled: a different statistic, which nothing reads any more)."""
 
     kind: str  # raw | calibrated
     position: int

@@ -5,7 +5,9 @@ judge one against the other — only if they measured the same thing (the cell p
 kind of machine (host fingerprint), with the same engine stack (torch, transformers, vllm, sglang,
 triton) and the same content (target, draft and dataset hashes, backend version). `comparability_key`
 hashes exactly those parts; `comparability_parts` returns them unhashed, so a gate that finds two keys
-different can say which part differs. Everything else recorded here (hostname, free memory, the
+different can say which part differs. Metrics that do not depend on the machine's speed (acceptance,
+ECE) compare on `content_parts` alone: the same parts without the host
+(`harness.metrics.dependencies`). Everything else recorded here (hostname, free memory, the
 versions of duckdb and numpy, git state) describes a run without changing what its numbers mean.
 
 Nothing here fails: outside a git checkout, without torch or without a GPU the fields are None/empty.
@@ -28,6 +30,9 @@ PACKAGES = ("torch", "transformers", "duckdb", "numpy", "vllm", "sglang", "trito
 # Packages whose version can change what a cell measures; duckdb and numpy only store and summarise.
 ENGINE_PACKAGES = ("torch", "transformers", "vllm", "sglang", "triton")
 PROVENANCE_KEYS = ("target_hash", "draft_hash", "dataset_hash", "backend_version")
+# What a content-only metric (harness.metrics.dependencies.CONTENT) depends on besides params and packages:
+# the provenance hashes and the device kind the kernels ran on (cpu / cuda), never the host.
+CONTENT_PROVENANCE_KEYS = (*PROVENANCE_KEYS, "device")
 # The host fields that change performance; the hostname, free memory and the platform string do not.
 FINGERPRINT_KEYS = ("cpu_model", "cores", "gpus", "driver", "cuda")
 
@@ -156,6 +161,21 @@ def comparability_parts(
         "host": host_fingerprint,
         "packages": {name: packages[name] for name in ENGINE_PACKAGES if name in packages},
         "provenance": {key: provenance.get(key) for key in PROVENANCE_KEYS},
+        "params": dict(cell_params),
+    }
+
+
+def content_parts(
+    cell_params: Mapping[str, Any], provenance: Mapping[str, Any], packages: Mapping[str, str],
+) -> dict[str, Any]:
+    """The parts a content-only metric (acceptance, ECE, greedy outputs) depends on: the comparability
+    parts without the host, with the device kind. Recomputed by the gate from the stored rows."""
+    kept = {key: provenance.get(key) for key in CONTENT_PROVENANCE_KEYS}
+    if kept["device"] is not None:  # the kind (cuda), not the ordinal (cuda:1)
+        kept["device"] = str(kept["device"]).split(":", 1)[0]
+    return {
+        "packages": {name: packages[name] for name in ENGINE_PACKAGES if name in packages},
+        "provenance": kept,
         "params": dict(cell_params),
     }
 

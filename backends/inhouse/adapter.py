@@ -130,8 +130,13 @@ class InhouseBackend:
         longest = max(len(r.prompt_ids) for r in first_turns)
         max_context = min(self.max_context, getattr(target.model.config, "max_position_embeddings", 1 << 30))
         max_context = max(max_context, longest + cell.task.max_new_tokens)
+        verifier = None
+        if cell.is_synthetic:  # not lossless: accepts by the suite's law (marked in label, params, provenance, metrics)
+            from dspark_core.verification import synthetic_verifier
+            verifier = synthetic_verifier(cell.drafter.synthetic_acceptance)
         engine = Engine(target.model, drafter, EngineConfig(num_slots=num_slots, max_context=max_context,
-                                                            num_drafts=max(cell.num_drafts, 1)), policy)
+                                                            num_drafts=max(cell.num_drafts, 1)), policy,
+                        verifier=verifier)
         # Warm-up is a phase of its own: its conversations run to completion before the measured load
         # starts, so the measured requests are the same ones in every run (the gate pairs them) and the
         # window holds no warm-up tail.
@@ -330,33 +335,28 @@ class InhouseBackend:
             "device": str(self.device),
             "threads": str(torch.get_num_threads()),
         }
+        if cell.is_synthetic:  # every row of a synthetic cell says so: provenance, and a metric of its own
+            provenance["synthetic_acceptance"] = list(cell.drafter.synthetic_acceptance)
+            metrics = synthetic_marked(metrics)
         bins = calibration_bins(records, window, temperatures)
         return CellResult(requests, steps, window, provenance,
                           tuple(temperatures) if temperatures else None, metrics, bins, policy_note)
 
 
-def calibration_bins(records, window: MeasurementWindow, temperatures) -> list[CalibrationBin]:
-    from harness.metrics import calibration_reports, requests_in, succeeded
+def synthetic_marked(metrics):
+    """The metrics plus `synthetic_acceptance` = 1: a flag row in the store (`metrics`), so a query over
+    acceptance or throughput can exclude (or select) cells whose acceptance was synthetic, not measured."""
+    from harness.metrics import Metric, MetricSet
 
-    reports = calibration_reports(succeeded(requests_in(records, window)), temperatures)
-    if reports is None:
-        return []
-    out = []
-    for kind, report in zip(("raw", "calibrated"), reports):
-        if report is None:
-            continue
-        pooled: dict[int, list[float]] = {}
-        for row in report.reliability_rows():
-            count = int(row["count"])
-            conf, real = float(row["mean_predicted"]) * count, float(row["mean_realised"]) * count
-            out.append(CalibrationBin(kind, int(row["position"]), int(row["bin"]), row["bin_lo"], row["bin_hi"],
-                                      count, conf, real))
-            acc = pooled.setdefault(int(row["bin"]), [row["bin_lo"], row["bin_hi"], 0, 0.0, 0.0])
-            acc[2] += count
-            acc[3] += conf
-            acc[4] += real
-        out += [CalibrationBin(kind, 0, b, lo, hi, int(n), c, r) for b, (lo, hi, n, c, r) in sorted(pooled.items())]
-    return out
+    return MetricSet({**metrics, "synthetic_acceptance": Metric(1.0, "flag", 1)})
+
+
+def calibration_bins(records, window: MeasurementWindow, temperatures) -> list[CalibrationBin]:
+    """The window's reliability bins per draft position (`harness.metrics.confidence.reliability_bins`)."""
+    from harness.metrics import requests_in, succeeded
+    from harness.metrics.confidence import reliability_bins
+
+    return [CalibrationBin(*row) for row in reliability_bins(succeeded(requests_in(records, window)), temperatures)]
 
 
 def _load_weighted_draft(ref, target: _Target):
@@ -372,4 +372,3 @@ def _load_weighted_draft(ref, target: _Target):
     load = load_draft if (location / "draft_config.json").is_file() or not (location / "config.json").is_file() \
         else load_deepspec_draft
     return load(location, device=target.model.device, dtype=target.model.dtype, target=target.model)
-

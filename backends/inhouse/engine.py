@@ -98,10 +98,13 @@ class Engine:
         policy: VerifyPolicy | None = None,
         clock: Callable[[], float] = time.perf_counter,
         calibrator: OnlineCalibrator | None = None,
+        verifier: Callable | None = None,
     ):
         """`calibrator`, if given, observes every step's confidences with their outcomes (online STS);
-        a policy holding the same calibrator then schedules with temperatures refitted while serving."""
+        a policy holding the same calibrator then schedules with temperatures refitted while serving.
+        `verifier`: `verification.synthetic_verifier(...)` for a synthetic-acceptance cell (not lossless)."""
         self.target, self.drafter, self.config, self.policy, self.clock = target, drafter, config, policy, clock
+        self.verifier = verifier
         self.calibrator = calibrator
         self.num_drafts = config.num_drafts if drafter.name != "none" else 0
         self.capacity = config.max_context + self.num_drafts + 2
@@ -165,7 +168,7 @@ class Engine:
             emitted, n_verified, n_accepted, confs = speculative_step(
                 self.target, self.drafter, self.state, torch.tensor(rows, device=device),
                 torch.tensor([s.request.temperature for s in slots], device=device),
-                [s.generator for s in slots], self.num_drafts, budgets - 1, self.policy,
+                [s.generator for s in slots], self.num_drafts, budgets - 1, self.policy, verifier=self.verifier,
             )
             now = self.clock()
             for j, (row, slot) in enumerate(zip(rows, slots)):

@@ -1,12 +1,18 @@
-"""Which candidate cell may be judged against which baseline cell, and why not when it may not.
+"""Which candidate cell may be judged against which baseline cell, on which metrics, and why not.
 
 A candidate cell is paired with the baseline cell of the same `cell_id` (a hash of the measurement's
-parameters, `harness.cells.Cell.cell_id`), and the two are comparable iff their `comparability_key`s are
-equal: the key folds in what the numbers depend on beyond the parameters — the host, the versions of the
-packages that do the work, and the content of target, draft and dataset. When keys differ, a bare "not
-comparable" would leave the reader guessing, so the parts that feed the key are diffed and named: the
-host fingerprint (and the host fields that differ), the versions of torch, transformers, vllm, sglang and
-triton, the provenance hashes and backend version, and the cell parameters.
+parameters, `harness.cells.Cell.cell_id`). What it may be judged on depends on the metric: each metric
+declares its scope beside its definition (`harness.metrics.dependencies`):
+
+- CONTENT metrics (acceptance, per-position acceptance, ECE/Brier) compare where the content parts agree
+  (`provenance.content_parts`: params, target/draft/dataset hashes, backend version, device kind, the
+  versions of torch, transformers, vllm, sglang and triton) — on any CPU model;
+- HARDWARE metrics (throughput, latency, speedup) compare only where, in addition, the host fingerprint
+  and the stored `comparability_key` (which folds the host in) agree.
+
+When a scope does not match, a bare "not comparable" would leave the reader guessing, so its parts are
+diffed and named: the host fingerprint and the host fields that differ ("hardware differs"), the
+packages, the provenance and the cell parameters ("content differs").
 """
 
 from __future__ import annotations
@@ -15,17 +21,26 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from harness.gate.data import CellInfo, RunInfo
-
-PACKAGES = ("torch", "transformers", "vllm", "sglang", "triton")
-PROVENANCE = ("target_hash", "draft_hash", "dataset_hash", "backend_version")
+from harness.metrics.dependencies import Scope
+from harness.provenance import CONTENT_PROVENANCE_KEYS, ENGINE_PACKAGES, FINGERPRINT_KEYS, content_parts
 
 
 @dataclass(frozen=True)
 class CellMatch:
     cell_id: str
     label: str
-    comparable: bool
-    reasons: tuple[str, ...] = ()  # why not, one readable part each
+    comparable: bool  # on CONTENT: some metric of the cell can be judged
+    reasons: tuple[str, ...] = ()  # why not on CONTENT, one readable part each
+    hardware_reasons: tuple[str, ...] = ()  # why not on HARDWARE besides; empty: the same hardware
+
+    def comparable_on(self, scope: Scope) -> bool:
+        return self.comparable and not (scope.host and self.hardware_reasons)
+
+    def why_not(self, scope: Scope) -> str:
+        """'hardware differs: host fingerprint …' for a scope this cell does not compare on."""
+        if not self.comparable:
+            return "; ".join(self.reasons)
+        return f"{scope.why}: " + "; ".join(self.hardware_reasons)
 
 
 def _short(value: Any, width: int = 24) -> str:
@@ -48,16 +63,24 @@ def _diff(kind: str, base: Mapping[str, Any], cand: Mapping[str, Any], keys=None
     return [f"{kind} {k}: {_short(base.get(k))} → {_short(cand.get(k))}" for k in keys if base.get(k) != cand.get(k)]
 
 
-def explain_difference(cand_run: RunInfo, cand: CellInfo, base_run: RunInfo, base: CellInfo) -> list[str]:
-    """The parts behind two different comparability keys, baseline → candidate, one string each."""
+def content_difference(cand_run: RunInfo, cand: CellInfo, base_run: RunInfo, base: CellInfo) -> list[str]:
+    """The content parts (packages, provenance, params) that differ, baseline → candidate; empty: none."""
+    b = content_parts(base.params, base.provenance, base_run.packages)
+    c = content_parts(cand.params, cand.provenance, cand_run.packages)
+    reasons = _diff("package", b["packages"], c["packages"], ENGINE_PACKAGES)
+    reasons += _diff("provenance", b["provenance"], c["provenance"], CONTENT_PROVENANCE_KEYS)
+    reasons += _diff("param", _flatten(b["params"]), _flatten(c["params"]))
+    return reasons
+
+
+def hardware_difference(cand_run: RunInfo, cand: CellInfo, base_run: RunInfo, base: CellInfo) -> list[str]:
+    """What differs beyond the content: the host fingerprint and its fields, or (all parts agreeing) the
+    stored comparability keys themselves; empty: the same hardware."""
     reasons: list[str] = []
     if cand_run.host_fingerprint != base_run.host_fingerprint:
         reasons.append(f"host fingerprint: {_short(base_run.host_fingerprint)} → {_short(cand_run.host_fingerprint)}")
-        reasons += _diff("host", _flatten(base_run.host), _flatten(cand_run.host))
-    reasons += _diff("package", base_run.packages, cand_run.packages, PACKAGES)
-    reasons += _diff("provenance", base.provenance, cand.provenance, PROVENANCE)
-    reasons += _diff("param", _flatten(base.params), _flatten(cand.params))
-    if not reasons:
+        reasons += _diff("host", base_run.host, cand_run.host, FINGERPRINT_KEYS)  # the fields it hashes
+    elif cand.comparability_key is None or cand.comparability_key != base.comparability_key:
         reasons.append(
             f"comparability key: {_short(base.comparability_key)} → {_short(cand.comparability_key)} "
             "(host, packages, provenance and params agree)"
@@ -65,10 +88,16 @@ def explain_difference(cand_run: RunInfo, cand: CellInfo, base_run: RunInfo, bas
     return reasons
 
 
+def explain_difference(cand_run: RunInfo, cand: CellInfo, base_run: RunInfo, base: CellInfo) -> list[str]:
+    """Every part that differs, baseline → candidate, one string each: hardware first, then content."""
+    return hardware_difference(cand_run, cand, base_run, base) + content_difference(cand_run, cand, base_run, base)
+
+
 def match_cells(
     cand_run: RunInfo, cand_cells: Mapping[str, CellInfo], base_run: RunInfo, base_cells: Mapping[str, CellInfo]
 ) -> list[CellMatch]:
-    """One match per candidate cell with at least one ok repeat (failed cells are reported elsewhere)."""
+    """One match per candidate cell with at least one ok repeat (failed cells are reported elsewhere):
+    comparable on CONTENT when the content parts agree, and on HARDWARE when the host does too."""
     out: list[CellMatch] = []
     for cell_id, cand in cand_cells.items():
         if not cand.ok_repeats:
@@ -78,8 +107,11 @@ def match_cells(
             out.append(CellMatch(cell_id, cand.label, False, ("no baseline cell with this id",)))
         elif not base.ok_repeats:
             out.append(CellMatch(cell_id, cand.label, False, ("the baseline cell failed",)))
-        elif cand.comparability_key is None or cand.comparability_key != base.comparability_key:
-            out.append(CellMatch(cell_id, cand.label, False, tuple(explain_difference(cand_run, cand, base_run, base))))
         else:
-            out.append(CellMatch(cell_id, cand.label, True))
+            content = content_difference(cand_run, cand, base_run, base)
+            hardware = tuple(hardware_difference(cand_run, cand, base_run, base))
+            if content:
+                out.append(CellMatch(cell_id, cand.label, False, (*hardware, *content), hardware))
+            else:
+                out.append(CellMatch(cell_id, cand.label, True, (), hardware))
     return out

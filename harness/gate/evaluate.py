@@ -3,7 +3,10 @@
 Candidate and baseline are each a (connection, run id): they may live in different databases — in CI
 the baseline is an exported JSON loaded into an in-memory DuckDB. Order of business: is the candidate
 valid (else exit 2, nothing judged); which cells failed (reported, exit 1); which candidate cells have a
-comparable baseline cell (none at all: exit 3); then every rule on every comparable cell.
+comparable baseline cell; then every rule on every cell, where the cell compares on the scope its metric
+declares (`harness.metrics.dependencies`: acceptance and ECE on CONTENT, on any machine; speed on
+HARDWARE). A metric whose scope does not match is reported "incomparable" with the reason ("hardware
+differs: host fingerprint …"), neither a pass nor a failure; exit 3 only when nothing at all was compared.
 
 How each metric is estimated, by the rule's `test`:
 
@@ -47,7 +50,8 @@ from harness.gate.stats import (
     threshold_estimate,
 )
 from harness.gate.validity import check_validity
-from harness.gate.verdict import DIRECTIONS, LEVELS, VERDICTS, judge
+from harness.gate.verdict import DIRECTIONS, INCOMPARABLE, LEVELS, VERDICTS, judge
+from harness.metrics.dependencies import Scope, depends_on
 
 Run = tuple[duckdb.DuckDBPyConnection, str]
 
@@ -214,14 +218,19 @@ def estimate(rule: GateRule, cell_id: str, base: _Side, cand: _Side) -> Estimate
     return _repeats_estimate(rule, cell_id, base, cand, rule.test)
 
 
-def compare_cell(rule: GateRule, match: CellMatch, base: _Side, cand: _Side) -> Comparison | None:
-    """One rule on one comparable cell; None when the rule does not apply to the cell."""
+def compare_cell(rule: GateRule, match: CellMatch, base: _Side, cand: _Side, scope: Scope) -> Comparison | None:
+    """One rule on one content-comparable cell; None when the rule does not apply to the cell. Outside
+    the metric's scope (other hardware for a speed metric) the comparison is `incomparable`, with why."""
     try:
         est = estimate(rule, match.cell_id, base, cand)
     except _Skip:
         return None
     except _Inconclusive as exc:
+        if not match.comparable_on(scope):
+            return Comparison(match.cell_id, match.label, rule, INCOMPARABLE, match.why_not(scope))
         return Comparison(match.cell_id, match.label, rule, "inconclusive", str(exc))
+    if not match.comparable_on(scope):
+        return Comparison(match.cell_id, match.label, rule, INCOMPARABLE, match.why_not(scope))
     verdict, reason = judge(rule, est)
     return Comparison(match.cell_id, match.label, rule, verdict, reason, est)
 
@@ -260,15 +269,17 @@ def run_gate(
 
     comparisons: list[Comparison] = []
     for rule in rules:
-        found = [c for m in comparable if (c := compare_cell(rule, m, base, cand)) is not None]
+        scope = depends_on(rule.metric)
+        found = [c for m in comparable if (c := compare_cell(rule, m, base, cand, scope)) is not None]
         if comparable and not found:
             notes.append(f"rule {rule.metric}: no comparable cell has this metric in either run")
         comparisons += found
     comparisons.sort(key=lambda c: (c.label, c.metric))
+    judged = [c for c in comparisons if c.verdict != INCOMPARABLE]
 
     if failed or any(c.blocking for c in comparisons):
         code = ExitCode.REGRESSION
-    elif not comparable:
+    elif not comparable or (comparisons and not judged):  # nothing at all could be compared
         code = ExitCode.NO_BASELINE
     else:
         code = ExitCode.OK

@@ -16,8 +16,8 @@ from harness.gate.report import Comparison, ExitCode, GateReport
 from harness.gate.stats import Estimate
 
 FORMATS = ("text", "markdown", "junit")
-_ORDER = {"regression": 0, "improvement": 1, "inconclusive": 2, "pass": 3}
-_ICON = {"regression": "❌", "improvement": "🟢", "inconclusive": "❔", "pass": "✅"}
+_ORDER = {"regression": 0, "improvement": 1, "inconclusive": 2, "pass": 3, "incomparable": 4}
+_ICON = {"regression": "❌", "improvement": "🟢", "inconclusive": "❔", "pass": "✅", "incomparable": "↔️"}
 
 
 def _minus(text: str) -> str:
@@ -96,7 +96,7 @@ def to_text(report: GateReport, verbose: bool = True) -> str:
         if c.verdict == "pass" and not verbose:
             continue
         lines.append(comparison_line(c))
-        if c.verdict != "pass" or "underpowered" in c.reason:
+        if c.estimate is not None and (c.verdict != "pass" or "underpowered" in c.reason):
             lines.append(f"             why: {c.reason}")
         if c.estimate is not None and c.estimate.note and c.verdict != "pass":
             lines.append(f"             note: {c.estimate.note}")
@@ -162,8 +162,8 @@ def to_junit(report: GateReport) -> str:
         line = comparison_line(c)
         if c.blocking:
             ET.SubElement(tc, "failure", type="regression", message=line).text = c.reason
-        elif c.verdict == "inconclusive":
-            ET.SubElement(tc, "skipped", message=f"inconclusive: {c.reason}")
+        elif c.verdict in ("inconclusive", "incomparable"):
+            ET.SubElement(tc, "skipped", message=f"{c.verdict}: {c.reason}")
         else:
             ET.SubElement(tc, "system-out").text = f"{line}\n{c.reason}"
     for m in report.unmatched:

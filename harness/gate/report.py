@@ -5,7 +5,8 @@ Exit codes, most severe first when several apply:
     2 INVALID      the candidate run is not fit to be judged (`validity.py`); nothing else is judged
     1 REGRESSION   a fail-level regression, or a failed cell in the candidate (a crash is a regression;
                    also when there is no baseline to compare the rest with)
-    3 NO_BASELINE  no candidate cell has a comparable baseline cell
+    3 NO_BASELINE  nothing at all could be compared: no candidate cell has a baseline cell with the same
+                   content, or every comparison is incomparable (e.g. only speed gates, other hardware)
     0 OK           everything else: passes, improvements, inconclusive comparisons and warn-level
                    regressions (reported, never blocking)
 """
@@ -35,7 +36,7 @@ class Comparison:
     cell_id: str
     label: str
     rule: GateRule
-    verdict: str  # pass | regression | improvement | inconclusive
+    verdict: str  # pass | regression | improvement | inconclusive | incomparable
     reason: str
     estimate: Estimate | None = None  # None when there was nothing to estimate (missing data)
 
@@ -68,7 +69,7 @@ class GateReport:
     validity: ValidityReport
     comparisons: tuple[Comparison, ...] = ()
     failed_cells: tuple[FailedCell, ...] = ()
-    unmatched: tuple[CellMatch, ...] = ()  # candidate cells without a comparable baseline cell
+    unmatched: tuple[CellMatch, ...] = ()  # candidate cells without a baseline cell of the same content
     notes: tuple[str, ...] = ()  # run-level remarks (e.g. an unusable baseline run)
     counts: dict[str, int] = field(default_factory=dict)  # verdict → number of comparisons
 
@@ -91,6 +92,7 @@ class GateReport:
             (self.counts.get("improvement", 0), "improvement", "improvements"),
             (self.counts.get("inconclusive", 0), "inconclusive", "inconclusive"),
             (self.counts.get("pass", 0), "passed", "passed"),
+            (self.counts.get("incomparable", 0), "incomparable", "incomparable"),
             (len(self.unmatched), "cell without baseline", "cells without baseline"),
         ]
         parts = ", ".join(f"{n} {one if n == 1 else many}" for n, one, many in counts if n)

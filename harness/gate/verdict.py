@@ -19,7 +19,8 @@ from __future__ import annotations
 from harness.gate.rules import GateRule
 from harness.gate.stats import Estimate
 
-VERDICTS = ("regression", "improvement", "inconclusive", "pass")
+INCOMPARABLE = "incomparable"  # the cell compares, but not on this metric's scope (e.g. hardware differs)
+VERDICTS = ("regression", "improvement", "inconclusive", "pass", INCOMPARABLE)
 DIRECTIONS = ("higher", "lower")
 LEVELS = ("fail", "warn")
 

@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 
 from harness.metrics.metric import Metric, ratio
 from harness.metrics.records import RequestRecord
+from harness.metrics.dependencies import CONTENT
 
 
 def _steps(records: Sequence[RequestRecord]) -> Iterator[tuple[int, int]]:
@@ -112,3 +113,11 @@ def position_acceptance_conditional(records: Sequence[RequestRecord]) -> list[Me
         ratio(sum(a >= k for _, a in steps), sum(a >= k - 1 and v >= k for v, a in steps), "fraction")
         for k in range(1, _gamma(records) + 1)
     ]
+
+
+# Comparability (harness.metrics.dependencies): counts of accepted drafts are functions of the checkpoints,
+# data, prompt format, dtype and numeric code, not of the machine's speed.
+DEPENDS_ON = {name: CONTENT for name in (
+    "acceptance_length", "accepted_per_step", "verified_per_step", "draft_acceptance_rate",
+    "wasted_verification_fraction", "position_acceptance_unconditional", "position_acceptance_conditional",
+)}

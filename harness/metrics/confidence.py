@@ -1,8 +1,17 @@
 """Calibration of the confidence head over the records: ECE and Brier, raw and STS-calibrated.
 
-The statistics themselves (20 equal-width bins of cumulative survival a_j per position, count-weighted;
-observed positions only) are defined once in `dspark_core.calibration`; this module only builds its
-[cycles, γ] input from the records and names the results. A cycle is a verify step of a succeeded
+The one ECE of the project (summary, store, views, report, gate): 20 equal-width bins of cumulative
+survival a_j *per draft position j* (each position its own bins), observed positions only, and
+
+    ece_<kind> = Σ_j Σ_b |Σ_b a_j − Σ_b y_j| / Σ_j N_j      (= the N_j-weighted mean of ECE_j)
+
+defined once in `dspark_core.calibration`. Its per-position terms are a metric of their own name,
+`ece_position_<kind>_k<j>` = Σ_b |Σ_b a_j − Σ_b y_j| / N_j, so no value named `ece_*` is ever a
+different statistic. Pooling positions into one set of bins before taking the gaps is *not* this ECE
+(gaps of different positions cancel) and nothing here computes it; the reliability bins the store keeps
+(`reliability_bins`) are per position, and summing their |gaps| over positions and bins, then dividing
+by their counts, gives back `ece_<kind>` exactly (the report's diagrams and the `v_ece` view do).
+This module only builds the [cycles, γ] input from the records and names the results. A cycle is a verify step of a succeeded
 request whose drafter carried a confidence head; unverified positions are padded and never observed.
 
 SQL mirror: `step_confidences(request_id, step, position, logit)` joined to `ok_steps`; a_j is a
@@ -18,6 +27,7 @@ from typing import Sequence
 
 from harness.metrics.metric import Metric
 from harness.metrics.records import RequestRecord
+from harness.metrics.dependencies import CONTENT
 
 
 def confidence_table(records: Sequence[RequestRecord]):
@@ -61,8 +71,8 @@ def calibration_reports(records: Sequence[RequestRecord], temperatures=None, num
 
 
 def calibration_metrics(records: Sequence[RequestRecord], temperatures=None, num_bins: int = 20) -> dict[str, Metric]:
-    """`ece_raw`, `brier_raw` and per position `ece_raw_k<j>` (n = observed cycles), and the same with
-    `calibrated` when STS temperatures are given. ECE and Brier are fractions (0 … 1), not percent."""
+    """`ece_raw`, `brier_raw` and per position `ece_position_raw_k<j>` (n = observed cycles), and the same
+    with `calibrated` when STS temperatures are given. ECE and Brier are fractions (0 … 1), not percent."""
     reports = calibration_reports(records, temperatures, num_bins)
     if reports is None:
         return {}
@@ -74,5 +84,29 @@ def calibration_metrics(records: Sequence[RequestRecord], temperatures=None, num
         out[f"ece_{label}"] = Metric(report.ece, "fraction", total)
         out[f"brier_{label}"] = Metric(report.brier, "fraction", total)
         for row in report.position_rows():
-            out[f"ece_{label}_k{row['position']}"] = Metric(row["ece"], "fraction", row["num_observed"])
+            out[f"ece_position_{label}_k{row['position']}"] = Metric(row["ece"], "fraction", row["num_observed"])
     return out
+
+
+def reliability_bins(records: Sequence[RequestRecord], temperatures=None, num_bins: int = 20) -> list[tuple]:
+    """The non-empty reliability bins, per draft position: (kind, position ≥ 1, bin, lower, upper, count,
+    Σ predicted survival, Σ realised survival), raw and (with temperatures) calibrated; [] without
+    confidences. Σ|Σ pred − Σ real| / Σ count over a kind's rows is its `ece_<kind>`."""
+    reports = calibration_reports(records, temperatures, num_bins)
+    if reports is None:
+        return []
+    out = []
+    for kind, report in zip(("raw", "calibrated"), reports):
+        if report is None:
+            continue
+        for row in report.reliability_rows():
+            count = int(row["count"])
+            out.append((kind, int(row["position"]), int(row["bin"]), row["bin_lo"], row["bin_hi"], count,
+                        float(row["mean_predicted"]) * count, float(row["mean_realised"]) * count))
+    return out
+
+
+# Comparability (harness.metrics.dependencies): confidences and acceptances are content, not timing.
+DEPENDS_ON = {name: CONTENT for name in (
+    "ece_raw", "ece_calibrated", "brier_raw", "brier_calibrated", "ece_position_raw", "ece_position_calibrated",
+)}

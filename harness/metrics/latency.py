@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from harness.metrics.records import RequestRecord
+from harness.metrics.dependencies import HARDWARE
 
 
 def ttft(record: RequestRecord) -> float | None:
@@ -105,3 +106,7 @@ def itl_samples(records: Sequence[RequestRecord], per_token: bool = False) -> li
         times = r.token_times_s if per_token else [t for t, _ in emission_events(r)]
         gaps.extend(b - a for a, b in zip(times, times[1:]))
     return gaps
+
+
+# Comparability (harness.metrics.dependencies): seconds depend on the machine.
+DEPENDS_ON = {name: HARDWARE for name in ("ttft", "tpot", "itl", "itl_per_token", "user_speed")}

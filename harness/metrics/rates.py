@@ -14,6 +14,7 @@ from harness.metrics import latency
 from harness.metrics.metric import Metric, ratio
 from harness.metrics.records import RequestRecord
 from harness.metrics.window import MeasurementWindow, requests_in, succeeded
+from harness.metrics.dependencies import HARDWARE
 
 
 def throughput(records: Sequence[RequestRecord], window: MeasurementWindow) -> Metric:
@@ -114,3 +115,10 @@ def speedup(spec: Mapping[str, Metric], plain: Mapping[str, Metric]) -> dict[str
         value = s.value / p.value if s.value is not None and p.value else None
         out[name] = Metric(value, "x", s.n)
     return out
+
+
+# Comparability (harness.metrics.dependencies): rates and speedups are measured in seconds, on a machine.
+DEPENDS_ON = {name: HARDWARE for name in (
+    "throughput", "request_throughput", "failed_request_rate", "goodput", "sla_attainment",
+    "throughput_speedup", *SPEEDUP_OF,
+)}

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from harness.metrics.metric import Metric, ratio
 from harness.metrics.records import StepRecord
+from harness.metrics.dependencies import HARDWARE
 
 
 def batch_size_mean(steps: Sequence[StepRecord]) -> Metric:
@@ -47,3 +48,9 @@ def steps_per_second(steps: Sequence[StepRecord]) -> Metric:
 def step_times(steps: Sequence[StepRecord]) -> list[float]:
     """Step wall times, one sample per step (for `percentiles.describe`)."""
     return [s.wall_s for s in steps]
+
+
+# Comparability (harness.metrics.dependencies): batch composition and step times follow the machine's timing.
+DEPENDS_ON = {name: HARDWARE for name in (
+    "step_batch_size", "step_verify_tokens", "step_emitted_tokens", "steps_per_s", "step_time",
+)}

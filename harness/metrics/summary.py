@@ -9,6 +9,7 @@ from harness.metrics.metric import Metric, MetricSet
 from harness.metrics.percentiles import LATENCY_PERCENTILES, SPEED_PERCENTILES, describe
 from harness.metrics.records import RequestRecord, StepRecord
 from harness.metrics.window import MeasurementWindow, requests_in, steps_in, succeeded
+from harness.metrics.dependencies import HARDWARE
 
 
 def summarise(
@@ -71,3 +72,7 @@ def summarise(
     if plain is not None:
         out.update(rates.speedup(out, plain))
     return MetricSet(out)
+
+
+# Comparability (harness.metrics.dependencies): the window and what finished inside it are timing.
+DEPENDS_ON = {name: HARDWARE for name in ("window_s", "requests", "requests_failed", "output_tokens")}

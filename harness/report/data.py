@@ -39,7 +39,7 @@ class RunData:
     tau: list[dict]  # per (backend, target, task, drafter, method, γ, policy, temperature): pooled τ, and
     #                  tau_lo / tau_hi: the smallest and largest τ of one repeat (pooled the same way)
     positions: list[dict]  # per (backend, target, drafter, policy, gamma = its largest γ, position): α_k, β_k
-    calibration: list[dict]  # per (backend, target, drafter, kind, bin), position 0: pooled bin sums
+    calibration: list[dict]  # per (backend, target, drafter, kind, position ≥ 1, bin): bin sums over cells
     load: list[dict]  # per (backend, target, task, drafter, method, γ, policy, temperature, concurrency, rate):
     #                   mean, min and max over repeats (<metric>, <metric>_lo, <metric>_hi) of LOAD_METRICS
     summary: list[dict]  # per (cell, repeat): label, repeat, status, axes, SUMMARY_METRICS, user_speed_p50
@@ -123,12 +123,15 @@ POSITIONS_SQL = f"""
     GROUP BY ALL ORDER BY ALL
 """
 
-# Bins have the same edges in every cell, so pooled bin sums are the reliability diagram of the pooled cycles.
+# Bins have the same edges in every cell, so bin sums over a drafter's cells are the reliability diagram
+# of its pooled cycles, per draft position (the one ECE bins each position on its own; position 0, pooled
+# positions in stores written before that definition, is another statistic and is left out).
 CALIBRATION_SQL = f"""
-    SELECT c.backend, c.target, c.drafter, b.kind, b.bin, min(b.lower) AS lower, max(b.upper) AS upper,
-           sum(b.count)::BIGINT AS count, sum(b.confidence_sum) AS confidence_sum, sum(b.outcome_sum) AS outcome_sum
-    FROM v_calibration b JOIN ({_OK_CELLS}) c USING (run_id, cell_id, repeat)
-    WHERE b.run_id = $run_id AND b.position = 0
+    SELECT c.backend, c.target, c.drafter, b.kind, b.position, b.bin, min(b.lower) AS lower,
+           max(b.upper) AS upper, sum(b.count)::BIGINT AS count, sum(b.confidence_sum) AS confidence_sum,
+           sum(b.outcome_sum) AS outcome_sum
+    FROM calibration_bins b JOIN ({_OK_CELLS}) c USING (run_id, cell_id, repeat)
+    WHERE b.run_id = $run_id AND b.position >= 1
     GROUP BY ALL ORDER BY ALL
 """
 

@@ -7,7 +7,8 @@ single points, a first run of a suite no history. The sections and their sources
     run           runs / v_runs / v_cells: suite, git, host, packages, timing, cells ok/failed and errors
     acceptance    v_acceptance ⋈ cells: τ vs γ, one panel per task, one line per drafter
     positions     v_positions ⋈ cells: α_k and β_k per drafter at its largest γ
-    calibration   v_calibration (position 0): reliability diagram raw vs calibrated per drafter, ECE
+    calibration   calibration_bins (per position): reliability diagrams raw and calibrated per drafter, with
+                  per-bin counts and Wilson intervals; the one ECE (harness.metrics.confidence) beside them
     pareto        v_metrics: per task, tokens/s per user against total tokens/s, one line per drafter × γ ×
                   policy and plain decoding, a point per load: the trade-off speculative decoding moves
     load          v_metrics, v_speedup: throughput, user_speed_p50 and speedup vs concurrency (and rate)
@@ -22,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from harness.report import figures
+from harness.report import figures, reliability
 from harness.report.data import HISTORY_METRIC, SUMMARY_METRICS, RunData
 from harness.report.figures import Line, Panel
 from harness.report.history import describe_change, series
@@ -160,38 +161,39 @@ def calibration_section(data: RunData, out: Path) -> Section:
     title = "Reliability diagram (ECE)"
     rows = [r for r in data.calibration if r["count"]]
     axes = _varying(rows, ("target", "backend"))
-    by_drafter: dict[str, dict[str, list[dict]]] = {}
+    by_drafter: dict[str, dict[str, list[reliability.Bin]]] = {}
     for r in rows:
-        by_drafter.setdefault(_line_label(r["drafter"], r, axes), {}).setdefault(r["kind"], []).append(r)
+        bin_ = reliability.Bin(r["position"], r["bin"], r["lower"], r["upper"], r["count"], r["confidence_sum"],
+                               r["outcome_sum"])
+        by_drafter.setdefault(_line_label(r["drafter"], r, axes), {}).setdefault(r["kind"], []).append(bin_)
     if not by_drafter:
         return Section("calibration", title, note(
-            "No calibration bins in this run (pooled positions): no drafter with a confidence head succeeded, "
+            "No calibration bins in this run: no drafter with a confidence head succeeded, "
             "so there is no reliability diagram."))
     panels, table_rows, missing = [], [], []
     for drafter, kinds in sorted(by_drafter.items()):
-        panel = Panel(f"{drafter}: pooled positions", "predicted survival (mean confidence)", "observed survival",
-                      diagonal=True, unit_square=True)
-        eces = {}
         for kind in ("raw", "calibrated"):
-            bins = kinds.get(kind)
-            if not bins:
-                continue
-            count = sum(b["count"] for b in bins)
-            eces[kind] = sum(abs(b["confidence_sum"] - b["outcome_sum"]) for b in bins) / count
-            panel.lines[f"{kind} (ECE {eces[kind]:.3f})"] = Line(
-                [b["confidence_sum"] / b["count"] for b in bins], [b["outcome_sum"] / b["count"] for b in bins],
-                key=kind)
-        if "calibrated" not in eces:
+            if kinds.get(kind):
+                panels.append((f"{drafter} {kind}", kinds[kind]))
+        if not kinds.get("calibrated"):
             missing.append(drafter)
-        panels.append(panel)
-        table_rows.append((drafter, eces.get("raw"), eces.get("calibrated"),
-                           sum(b["count"] for b in kinds.get("raw", []))))
+        per_position = {kind: reliability.position_ece(bins) for kind, bins in kinds.items()}
+        table_rows.append((
+            drafter, reliability.ece(kinds.get("raw", [])), reliability.ece(kinds.get("calibrated", [])),
+            sum(b.count for b in kinds.get("raw", [])),
+            *(", ".join(f"k{j} {fmt(e)}" for j, (e, _) in per_position.get(kind, {}).items())
+              for kind in ("raw", "calibrated")),
+        ))
     body = [
-        image(_save(figures.panel_grid(panels), out, "calibration.png"),
-              "reliability diagrams, raw and calibrated confidences, per drafter"),
-        table(["drafter", "ECE raw", "ECE calibrated", "observed draft positions"], table_rows),
-        note("Position 0 bins (every draft position pooled) summed over the drafter's cells (v_calibration); "
-             "ECE = Σ|Σ confidence − Σ outcome| / Σ count over the bins."),
+        image(reliability.save(reliability.figure(panels), out / "calibration.png").name,
+              "reliability diagrams per draft position, raw and calibrated confidences, per drafter, "
+              "with per-bin counts"),
+        table(["drafter", "ECE raw", "ECE calibrated", "observed draft positions", "ece_position_raw",
+               "ece_position_calibrated"], table_rows),
+        note("ECE = Σ|Σ confidence − Σ outcome| / Σ count over the bins of every draft position, each position "
+             "binned on its own: the metric ece_raw / ece_calibrated of the summary and the gate, here over the "
+             "drafter's cells pooled (bin sums, then one division). Per-position terms are ece_position_*. "
+             "Points: observed survival with its 95% Wilson interval; bars: the cycles in each bin."),
     ]
     if missing:
         body.append(note(f"No calibrated (STS) bins for {', '.join(missing)}: only the raw curve is shown."))
@@ -397,7 +399,8 @@ def summary_section(data: RunData, out: Path) -> Section:
     body = [
         table(headers, rows, row_classes=classes),
         note("τ: acceptance length (bonus included); speedup: over plain decoding of the same run (— when there "
-             "is none); ECE: pooled positions, raw and STS-calibrated; TTFT / TPOT: medians over the window's "
+             "is none); ECE: raw and STS-calibrated, each draft position binned on its own, count-weighted (the "
+             "one definition the gate and the reliability diagrams use); TTFT / TPOT: medians over the window's "
              "requests."),
     ]
     return Section("summary", title, "\n".join(body))

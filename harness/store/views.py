@@ -42,7 +42,11 @@ without a migration (`migrations.py`) and a line in `VIEWS.md`.
     v_calibration   one row per reliability bin: run_id, cell_id, repeat, label, drafter, task,
                     temperature, kind, position, bin, lower, upper, count, confidence_sum, outcome_sum,
                     mean_confidence (confidence_sum / count), accuracy (outcome_sum / count),
-                    gap (mean_confidence − accuracy)
+                    gap (mean_confidence − accuracy); bins are per draft position k ≥ 1 (position 0,
+                    every position pooled, exists only in stores written before the one-ECE change)
+    v_ece           the one ECE (harness.metrics.confidence), per cell repeat and kind, from the bins:
+                    run_id, cell_id, repeat, kind, ece (Σ over positions ≥ 1 and bins of |confidence_sum −
+                    outcome_sum|, ÷ Σ count), num_observed (Σ count): equals the metric ece_<kind>
     v_costs         one row per (run, cell), repeats summed: run_id, cell_id, label, backend, repeats,
                     failed, num_gpus, num_cpus (reserved, from `resources`), gpu_seconds, cpu_seconds
                     (Σ wall time × reserved GPUs / CPUs; NULL for cells recorded before schema 2),
@@ -181,6 +185,13 @@ VIEWS: dict[str, str] = {
                b.outcome_sum / nullif(b.count, 0) AS accuracy,
                (b.confidence_sum - b.outcome_sum) / nullif(b.count, 0) AS gap
         FROM calibration_bins b JOIN cells c USING (run_id, cell_id, repeat)
+    """,
+    "v_ece": """
+        SELECT run_id, cell_id, repeat, kind,
+               sum(abs(confidence_sum - outcome_sum)) / nullif(sum(count), 0) AS ece,
+               sum(count)::BIGINT AS num_observed
+        FROM calibration_bins WHERE position >= 1
+        GROUP BY run_id, cell_id, repeat, kind
     """,
     "v_costs": """
         SELECT c.run_id, c.cell_id, c.label, c.backend,

@@ -155,6 +155,9 @@ def _cell(suite: Suite, raw: dict[str, _Value], include: int | None) -> Cell:
         num_drafts = raw["num_drafts"].value
         policy = policies_of(suite.policies)[raw["policy"].value]
         _check_runnable(suite, raw, include, num_drafts, policy)
+        if drafter.synthetic_acceptance is not None and raw["backend"].value != "inhouse":
+            raise suite.locations.error(raw["drafter"].path, f"drafter {drafter_name!r} has synthetic_acceptance, "
+                                        f"which only the inhouse backend implements, not {raw['backend'].value!r}")
     target_name, task_name = raw["target"].value, raw["task"].value
     target, task = suite.targets[target_name], suite.tasks[task_name]
     temperature = raw["temperature"].value if raw["temperature"].value is not None else task.temperature
@@ -163,7 +166,9 @@ def _cell(suite: Suite, raw: dict[str, _Value], include: int | None) -> Cell:
     return Cell(
         backend=raw["backend"].value,
         target=TargetSpec(name=target_name, path=target.path, dtype=target.dtype),
-        drafter=DrafterSpec(name=drafter_name, method=drafter.method, checkpoint=drafter.checkpoint, head=drafter.head),
+        drafter=DrafterSpec(name=drafter_name, method=drafter.method, checkpoint=drafter.checkpoint, head=drafter.head,
+                            synthetic_acceptance=None if drafter.synthetic_acceptance is None
+                            else tuple(drafter.synthetic_acceptance)),
         num_drafts=num_drafts,
         task=TaskSpec(name=task_name, n_samples=task.n_samples, max_new_tokens=task.max_new_tokens,
                       temperature=float(temperature), multi_turn=task.multi_turn),

@@ -145,6 +145,9 @@ class DrafterEntry(Section):
     # (the embedded target), a local directory or a hub id
     checkpoint: str | None = None
     head: Annotated[str, _choice("head", HEADS)] | None = None  # dspark only; None: the checkpoint's
+    # Engine speed at a fixed acceptance (NOT lossless: the verifier accepts draft k with these per-position
+    # conditional rates, positions past the list at the last one, instead of by the target); in-house only
+    synthetic_acceptance: list[Annotated[float, Field(ge=0, le=1)]] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> DrafterEntry:
@@ -162,6 +165,9 @@ class DrafterEntry(Section):
                  ("checkpoint",))
         if self.head is not None and self.method != "dspark":
             fail(f"head applies to method dspark only, not {self.method}", ("head",), "key")
+        if self.synthetic_acceptance is not None and (self.method == "none" or not self.synthetic_acceptance):
+            fail("synthetic_acceptance needs a drafting method and at least one rate (per-position conditional "
+                 "acceptance, e.g. [0.8, 0.6])", ("synthetic_acceptance",))
         return self
 
 

@@ -4,6 +4,7 @@ fails the sampled check even though its greedy output is still exact."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -11,7 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.audit import audit_cell, chi_square_uniform, greedy_check, pit_values
+from harness.audit import (
+    DEFAULT_TOKENS,
+    anderson_darling_uniform,
+    audit_cell,
+    chi_square_uniform,
+    greedy_check,
+    pit_values,
+    power_line,
+)
+from harness.audit_power import BROKEN, POWER_FILE, broken_verifier
 from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,3 +99,42 @@ def test_verification_bug_is_caught_by_the_sampled_check(backend, monkeypatch):
     greedy, sampled = audit_cell(backend, _cell(), {}, samples=24)
     assert greedy.passed  # greedy verification never reads q: the bug is invisible at T = 0
     assert sampled.passed is False, sampled.detail
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", BROKEN)
+def test_each_classic_broken_verifier_is_caught_by_the_default_audit(backend, monkeypatch, bug):
+    """The real engine with one broken verifier in place of `verify` (nothing else replaced), audited at
+    the default size: the sampled check fails (its power there is in audit_power.json)."""
+    import dspark_core.generate as generate
+
+    monkeypatch.setattr(generate, "verify", broken_verifier(bug))
+    greedy, sampled = audit_cell(backend, _cell(), {}, samples=None)
+    assert sampled.passed is False, sampled.detail
+    assert int(sampled.detail.split(": ")[1].split(" tokens")[0]) >= DEFAULT_TOKENS
+
+
+def test_the_audit_states_its_measured_power():
+    line = power_line()
+    assert f"≥ {DEFAULT_TOKENS} tokens" in line and "Anderson-Darling" in line
+    for bug in BROKEN:
+        power = float(line.split(f"{bug} ")[1][:4])
+        assert power >= 0.95, line
+    table = json.loads(POWER_FILE.read_text())
+    chosen = table["tests"]["anderson_darling"]
+    at = table["sizes"].index(DEFAULT_TOKENS)
+    assert all(chosen[bug][at] >= 0.95 for bug in BROKEN)
+    # the smallest measured size with that power against all four
+    assert all(min(chosen[bug][i] for bug in BROKEN) < 0.95 for i in range(at))
+
+
+def test_anderson_darling_matches_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(5)
+    values = [rng.random() ** 1.05 for _ in range(800)]
+    a2, p = anderson_darling_uniform(values)
+    ref = scipy_stats.goodness_of_fit(scipy_stats.uniform, values, statistic="ad", known_params={"loc": 0, "scale": 1},
+                                      n_mc_samples=2000, random_state=1)
+    assert a2 == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue, abs=0.03)
+    uniform = [rng.random() for _ in range(2000)]
+    assert anderson_darling_uniform(uniform)[1] > 0.01 and p < 0.2

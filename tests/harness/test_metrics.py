@@ -40,6 +40,7 @@ from harness.metrics import (
     verified_per_step,
     wasted_verification_fraction,
 )
+from harness.metrics.confidence import reliability_bins
 
 
 def req(rid="r", *, arrival=0.0, first=1.0, finish=2.0, out=2, times=(), gamma=3, verified=(), accepted=(),
@@ -236,7 +237,14 @@ def test_calibration_matches_dspark_core_on_the_padded_table():
     assert metrics["ece_raw"] == Metric(raw.ece, "fraction", 6)  # observed pairs: 3 + 2 + 1 + 0
     assert metrics["ece_calibrated"].value == pytest.approx(
         expected_calibration_error(conf, verified, accepted, temperatures=temps).ece)
-    assert metrics["ece_raw_k3"].n == 1
+    assert metrics["ece_position_raw_k3"].n == 1 and "ece_raw_k3" not in metrics
+    # the stored per-position bins give back the one ECE: Σ|gap| / Σ count over positions and bins
+    bins = reliability_bins([r1, r2], temperatures=temps)
+    for kind in ("raw", "calibrated"):
+        rows = [b for b in bins if b[0] == kind]
+        assert all(b[1] >= 1 for b in rows) and sum(b[5] for b in rows) == 6
+        assert sum(abs(b[6] - b[7]) for b in rows) / sum(b[5] for b in rows) == pytest.approx(
+            metrics[f"ece_{kind}"].value, abs=1e-12)
     # padding sits past num_verified, so whatever fills it changes nothing
     noisy = conf.clone()
     noisy[1, 2], noisy[2, 1:], noisy[3, :] = 9.0, -9.0, 5.0

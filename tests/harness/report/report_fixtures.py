@@ -24,6 +24,7 @@ from harness.cells import (
     TaskSpec,
 )
 from harness.metrics import MeasurementWindow, RequestRecord, StepRecord, summarise
+from harness.metrics.confidence import reliability_bins
 from harness.store import RunInfo, Store, new_run_id
 
 T0 = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
@@ -75,13 +76,8 @@ def make_result(seed: int, *, gamma: int = 4, accept: float = 0.6, concurrency: 
     temperatures = tuple(1.0 + 0.2 * j for j in range(gamma)) if confidences and gamma else None
     metrics = summarise(records, steps, window, plain=plain.metrics if plain is not None else None,
                         temperatures=temperatures)
-    bins = []
-    if confidences and gamma:
-        for b in range(10):
-            mid, count = (b + 0.5) / 10, 5 + b
-            bins.append(CalibrationBin("raw", 0, b, b / 10, (b + 1) / 10, count, mid * count, mid ** 2 * count))
-            bins.append(CalibrationBin("calibrated", 0, b, b / 10, (b + 1) / 10, count, mid * count,
-                                       (mid - 0.02) * count))
+    # the bins a real run stores: per position, from the same records as the metrics
+    bins = [CalibrationBin(*row) for row in reliability_bins(records, temperatures)] if confidences and gamma else []
     requests = [RequestResult(record=r, prompt_key=f"gsm8k:{i}:0", sample_index=i, turn=0, warmup=False)
                 for i, r in enumerate(records)]
     return CellResult(requests=requests, steps=steps, window=window, provenance={"device": "cpu"},

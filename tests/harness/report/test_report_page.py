@@ -82,6 +82,26 @@ def test_report_data_pools_per_line(full_store):
     assert len({r.run_id for r in data.history}) == 3
 
 
+def test_one_ece_in_summary_diagram_and_view(tmp_path):
+    """A drafter with one cell: the calibration section's ECE (read off the diagram's per-position bins),
+    the summary table's ece_* (the stored metric) and the v_ece view are one number, per kind."""
+    from harness.report.sections import calibration_section
+    path = tmp_path / "h.duckdb"
+    with Store.open(path) as store:
+        run_id = record_run(store, [(make_cell("dspark", 4), make_result(3, gamma=4, confidences=True), None)])
+        data = load_run(store, run_id)
+        _, view = store.query("SELECT kind, ece FROM v_ece WHERE run_id = ?", [run_id])
+    (summary,) = data.summary
+    section = calibration_section(data, tmp_path)
+    assert (tmp_path / "calibration.png").read_bytes()[:8] == PNG
+    for kind, value in view:
+        stored = summary[f"ece_{kind}"]
+        assert value == pytest.approx(stored, abs=1e-12)
+        assert f">{stored:.4g}<" in section.body
+    assert {r["position"] for r in data.calibration} == {1, 2, 3, 4}
+    assert "ece_position_raw" in section.body and "Wilson" in section.body
+
+
 def test_report_of_a_bare_run_says_what_is_missing(tmp_path):
     """One drafter, one γ, no confidence head, no plain cell, the suite's first run."""
     path = tmp_path / "h.duckdb"
