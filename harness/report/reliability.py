@@ -71,7 +71,7 @@ def figure(panels: Sequence[tuple[str, Sequence[Bin]]], ncols: int = 4):
     fig = figures._figure(ncols * figures.PANEL_SIZE[0], nrows * (figures.PANEL_SIZE[1] + 1.4))
     grid = fig.add_gridspec(2 * nrows, ncols, height_ratios=[3, 1] * nrows, hspace=0.5)
     positions = sorted({b.position for _, bins in panels for b in bins})
-    colours = figures._colours([f"k={j}" for j in positions])
+    colours = {key: style.color for key, style in figures.styles([f"k={j}" for j in positions]).items()}
     for index, (title, bins) in enumerate(panels):
         row, col = divmod(index, ncols)
         top = fig.add_subplot(grid[2 * row, col])
@@ -107,7 +107,7 @@ def _draw(top, bottom, title: str, bins: Sequence[Bin], colours: dict) -> None:
                    color=colour)
         for b in mine:
             stacked[b.bin] = stacked.get(b.bin, 0) + b.count
-    top.legend(fontsize=6, loc="upper left")
+    top.legend(fontsize=8, loc="upper left")
     for b, count in stacked.items():
         lower = min(x.lower for x in bins if x.bin == b)
         bottom.text(lower + width / 2, count, str(count), ha="center", va="bottom", fontsize=5)

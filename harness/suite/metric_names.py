@@ -26,8 +26,8 @@ FALLBACK = frozenset({
     *(f"{name}_{stat}" for name in ("ttft", "tpot", "itl", "itl_per_token", "step_time")
       for stat in ("mean", "p50", "p90", "p99")),
     *(f"user_speed_{stat}" for stat in ("mean", "p1", "p10", "p50")),
-    "position_acceptance_unconditional_k1", "position_acceptance_conditional_k1", "ece_raw_k1",
-    "ece_calibrated_k1",
+    "position_acceptance_unconditional_k1", "position_acceptance_conditional_k1", "ece_position_raw_k1",
+    "ece_position_calibrated_k1",
 })
 
 
@@ -71,6 +71,6 @@ def _synthetic_names() -> set[str]:
     steps = [StepRecord(step=0, t_s=0.2, batch_size=2, num_verified=4, num_accepted=4, wall_s=0.1),
              StepRecord(step=1, t_s=0.3, batch_size=2, num_verified=4, num_accepted=0, wall_s=0.1)]
     window = MeasurementWindow(0.0, 1.0)
-    sla = rates.SLA(max_ttft_s=1.0, max_tpot_s=1.0)
+    sla = rates.SLA(ttft_s=1.0, tpot_s=1.0)
     plain = summarise(records, steps, window)
     return set(summarise(records, steps, window, sla=sla, plain=plain, temperatures=[1.0] * gamma))
