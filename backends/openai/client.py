@@ -159,6 +159,7 @@ class StreamedResponse:
             arrival_s=self.arrival_s, first_token_s=times[0] if times else None, finish_s=max(finish, self.arrival_s),
             token_times_s=tuple(times), num_drafts=gamma, num_verified=verified, num_accepted=accepted,
             confidence_logits=confidences, finish_reason=reason, error=error,
+            all_steps=steps is None or self.usage.get("spec_steps") != "drafting",
         )
 
 

@@ -108,6 +108,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "ALTER TABLE cells ADD COLUMN gpu_seconds DOUBLE",  # the cell's wall time × reserved GPUs
         "ALTER TABLE cells ADD COLUMN cpu_seconds DOUBLE",  # the cell's wall time × reserved CPUs
     ]),
+    (3, "one acceptance definition: requests.all_steps (drafting steps only, or every step, reported)", [
+        # TRUE: request_steps holds every verify step, drafting or not; FALSE: only the drafting steps (vLLM
+        # reports no others); NULL (before v3): read as TRUE. harness.metrics.acceptance, views v_acceptance
+        "ALTER TABLE requests ADD COLUMN all_steps BOOLEAN",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
