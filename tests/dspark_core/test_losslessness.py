@@ -446,8 +446,8 @@ def _sampling_params():
 def sample_many(target: TargetModel, drafter: Drafter, gamma: int, temperature: float, seed: int = 0):
     """NUM_SAMPLES requests in one batch, request i seeded with its own generator.
 
-    One token more than the law covers: the budget counts the bonus token, so with NUM_TOKENS + 1 the
-    first step verifies min(γ, 2) drafts, i.e. drafts really stand at tokens 2 and 3.
+    One token more than the law covers: the first step verifies γ drafts (the budget caps none; it cuts
+    the emission), so drafts really stand at tokens 2 and 3.
     """
     config = GenerationConfig(max_new_tokens=NUM_TOKENS + 1, num_drafts=gamma, temperature=temperature)
     generators = [torch.Generator().manual_seed(seed * NUM_SAMPLES + i) for i in range(NUM_SAMPLES)]
@@ -469,7 +469,7 @@ def test_sampling_matches_exact_distribution(case: DrafterCase, gamma: int, temp
     effective_gamma = 0 if case.id == "none" else gamma
     for r in results[:500]:
         check_counters(r, config, effective_gamma, case.has_confidence)
-    # Speculation really produced tokens 2–3: the first step verifies min(γ, 2) drafts (n-gram: if found).
+    # Speculation really produced tokens 2–3: the first step verifies ≥ min(γ, 2) drafts (n-gram: if found).
     first_verified = sum(r.counters.num_verified[0] for r in results)
     verified = sum(sum(r.counters.num_verified) for r in results)
     accepted = sum(sum(r.counters.num_accepted) for r in results)

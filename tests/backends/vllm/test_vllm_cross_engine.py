@@ -400,26 +400,12 @@ def test_dspark_layout_matches_inhouse_exactly(vllm_v2_backend, inhouse, plain, 
 
 @pytest.fixture(scope="module")
 def truncated_target(tmp_path_factory) -> str:
-    """The embedded target's first 2 of 5 decoder layers with its embeddings, norm, LM head and tokenizer,
-    saved as an ordinary Hugging Face checkpoint: a smaller LM with the target's vocabulary that agrees
-    with the target often but not always."""
-    import copy
+    """The embedded target's first 2 of 5 decoder layers as an ordinary Hugging Face checkpoint
+    (`harness.embedded.truncated`): a smaller LM with the target's vocabulary that agrees with the target
+    often but not always."""
+    from harness.embedded.truncated import truncate_target
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from harness import model_refs
-
-    location = model_refs.resolve("embedded").location
-    target = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32)
-    config = copy.deepcopy(target.config)
-    config.num_hidden_layers, config.layer_types = 2, config.layer_types[:2]
-    draft = type(target)(config).eval()
-    missing, _ = draft.load_state_dict(target.state_dict(), strict=False)
-    assert not missing, missing
-    directory = tmp_path_factory.mktemp("draft_model") / "embedded-2-layers"
-    draft.save_pretrained(directory)
-    AutoTokenizer.from_pretrained(location).save_pretrained(directory)
-    return str(directory)
+    return str(truncate_target(tmp_path_factory.mktemp("draft_model") / "embedded-2-layers", 2))
 
 
 @pytest.mark.parametrize("draft", ["embedded", "truncated"])
