@@ -12,7 +12,8 @@ tokens), so greedy output through the server equals the in-house backend's for t
 Endpoints: POST /v1/completions (`prompt`: text or token ids) and /v1/chat/completions (`messages`,
 through the tokenizer's chat template as `harness.tasks.tokenize_messages`), streaming (SSE) or not;
 GET /health, /v1/models, /version, /metrics (Prometheus text: vLLM's spec-decode counter names, see
-`backends.openai.metrics`, plus request and token counters).
+`backends.openai.metrics`, plus request and token counters, and vLLM's TTFT histogram
+`vllm:time_to_first_token_seconds`, timed from the POST's arrival to its first token chunk written).
 
 Extensions of the OpenAI schema: each choice carries `token_ids` (the first streamed chunk also
 `prompt_token_ids`); `usage` carries the request's speculative steps — `spec_num_drafts` (γ),
@@ -76,6 +77,10 @@ class _Stream:
     seen_steps: int = 0
 
 
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # vLLM's buckets for the same histogram
+
+
 @dataclass
 class Counters:
     """What /metrics exports; updated by the engine thread at every step, read under the lock."""
@@ -91,10 +96,22 @@ class Counters:
     received: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # finish reason → requests
     failed: int = 0
+    # TTFT as the server sees it (vLLM's histogram): POST received → first token chunk written, streams only
+    ttft_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS_S))  # per bucket, not cumulative
+    ttft_sum_s: float = 0.0
+    ttft_count: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.accepted_per_pos = [0] * self.num_drafts
+
+    def observe_ttft(self, seconds: float) -> None:
+        with self.lock:
+            self.ttft_sum_s += seconds
+            self.ttft_count += 1
+            bucket = next((i for i, le in enumerate(TTFT_BUCKETS_S) if seconds <= le), None)
+            if bucket is not None:
+                self.ttft_counts[bucket] += 1
 
     def observe_steps(self, verified: list[int], accepted: list[int]) -> None:
         with self.lock:
@@ -132,6 +149,13 @@ class Counters:
             for name, kind, help_text, samples in rows:
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
                 lines += [f"{name}{{{labels}}} {float(value)}" for labels, value in samples]
+            name = "vllm:time_to_first_token_seconds"
+            lines += [f"# HELP {name} Time to first token (request received to first token chunk written).",
+                      f"# TYPE {name} histogram"]
+            cumulative = list(itertools.accumulate(self.ttft_counts))
+            lines += [f'{name}_bucket{{{m},le="{le}"}} {float(n)}' for le, n in zip(TTFT_BUCKETS_S, cumulative)]
+            lines += [f'{name}_bucket{{{m},le="+Inf"}} {float(self.ttft_count)}',
+                      f"{name}_sum{{{m}}} {self.ttft_sum_s}", f"{name}_count{{{m}}} {float(self.ttft_count)}"]
         return "\n".join(lines) + "\n"
 
 
@@ -408,6 +432,7 @@ class Handler(BaseHTTPRequestHandler):
     # ---------------------------------------------------------------- POST
 
     def do_POST(self) -> None:
+        received_s = time.perf_counter()  # the server's TTFT starts here (vLLM: the request's arrival)
         path = self.path.split("?", 1)[0]
         if path not in ("/v1/completions", "/v1/chat/completions"):
             self._error(404, f"no route POST {path}")
@@ -431,7 +456,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            self._stream(request, events, chat, bool(body.get("logprobs")), include_usage)
+            self._stream(request, events, chat, bool(body.get("logprobs")), include_usage, received_s)
         else:
             self._complete(request, events, chat, bool(body.get("logprobs")))
 
@@ -454,7 +479,8 @@ class Handler(BaseHTTPRequestHandler):
                          "created": int(time.time()), "model": self.served.model_name, "choices": [choice],
                          "usage": _usage(len(request.prompt_ids), done)})
 
-    def _stream(self, request: Request, events: queue.Queue, chat: bool, logprobs: bool, include_usage: bool) -> None:
+    def _stream(self, request: Request, events: queue.Queue, chat: bool, logprobs: bool, include_usage: bool,
+                received_s: float | None = None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -474,6 +500,8 @@ class Handler(BaseHTTPRequestHandler):
                 if kind == "tokens":  # one engine step's tokens: one chunk, sent at once
                     ids = payload[0]
                     self._event(self._chunk(head, ids, text.add(ids), None, first, request, chat, logprobs, offset))
+                    if first and received_s is not None:
+                        self.served.loop.counters.observe_ttft(time.perf_counter() - received_s)
                     offset, first = offset + len(ids), False
                     continue
                 done: Completed = payload[0]

@@ -21,6 +21,8 @@ Two sources, best first (the adapter records which one it used as `acceptance_so
       vllm:spec_decode_num_accepted_tokens_total             drafts accepted
       vllm:spec_decode_num_accepted_tokens_per_pos_total{position="k"}   steps whose draft k+1 (k from 0) was accepted
       dspark:spec_decode_num_steps_total                     all verify steps, with or without drafts (our server)
+  and, beside acceptance, the server's own TTFT histogram `vllm:time_to_first_token_seconds` (`ServerTTFT`:
+  its _sum and _count over the same window give `ttft_server_mean`, to hold the client's TTFT against).
   Samples are summed over every other label (engines, model names). The counters are server-wide: any
   other client's traffic in the window is counted too.
 
@@ -181,6 +183,31 @@ class SpecCounts:
                 below = per_pos[k - 2] if k > 1 else self.drafts
                 out[f"position_acceptance_conditional_k{k}"] = ratio(per_pos[k - 1], below, "fraction")
         return out
+
+
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+@dataclass(frozen=True)
+class ServerTTFT:
+    """The server's own TTFT histogram totals (vLLM's `vllm:time_to_first_token_seconds`, our server's
+    too), cumulative or a window's difference: the server-side twin of the client's `ttft_mean`."""
+
+    sum_s: float
+    count: int
+
+    @classmethod
+    def from_samples(cls, samples: Samples) -> ServerTTFT | None:
+        total = sum(v for (name, _), v in samples.items() if name == TTFT + "_sum" and not math.isnan(v))
+        count = [v for (name, _), v in samples.items() if name == TTFT + "_count" and not math.isnan(v)]
+        return cls(float(total), int(sum(count))) if count else None
+
+    def __sub__(self, before: ServerTTFT) -> ServerTTFT:
+        return ServerTTFT(self.sum_s - before.sum_s, self.count - before.count)
+
+    def metric(self) -> Metric:
+        """`ttft_server_mean`: Σ server TTFT ÷ requests it timed (server-wide, like the spec counters)."""
+        return ratio(self.sum_s, self.count, "s")
 
 
 def per_request_steps(usage: Mapping[str, Any], num_drafts: int) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
