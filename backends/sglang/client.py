@@ -32,7 +32,8 @@ import json
 import time
 from typing import Any, Mapping, Sequence
 
-from backends.openai.client import NETWORK_ERRORS, ApiRequest, Clock, Endpoint, StreamedResponse, network_error, sse_events
+from backends.openai.client import (NETWORK_ERRORS, ApiRequest, Clock, Endpoint, StreamedResponse, network_error,
+                                   sse_events)
 
 HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 ACCEPTED_KEYS = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")

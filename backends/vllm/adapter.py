@@ -35,7 +35,8 @@ from pathlib import Path
 from backends.base import BackendError, BackendUnavailable, Progress
 from backends.openai.metrics import per_request_usage  # vLLM's per-request block → our spec extension
 from backends.server_backend import ServerBackend, installed
-from backends.vllm.server import ADAPTER_OPTIONS, DEFAULT_PORT, draft_location, interpreter, server_argv, speculative_config
+from backends.vllm.server import (ADAPTER_OPTIONS, DEFAULT_PORT, draft_location, interpreter, server_argv,
+                                  speculative_config)
 from harness import model_refs
 from harness.cells import Cell, CellResult
 

@@ -75,11 +75,11 @@ from harness.metrics.rates import (
 from harness.metrics.window import MeasurementWindow, requests_in, steps_in, succeeded
 
 __all__ = [
-    "SLA", "MeasurementWindow", "Metric", "MetricSet", "RequestRecord", "StepRecord",
-    "acceptance_length", "accepted_per_step", "budget_cut_tokens", "calibration_metrics", "calibration_reports", "confidence_table",
-    "describe", "draft_acceptance_rate", "draft_coverage", "emission_events", "failed_request_rate", "from_counters", "goodput",
-    "itl_samples", "percentile", "position_acceptance_conditional", "position_acceptance_unconditional",
-    "request_throughput", "requests_in", "sla_attainment", "speedup", "steps_in", "succeeded", "summarise",
-    "throughput", "tokens_per_target_forward", "tpot", "tpot_samples", "ttft", "ttft_samples", "user_speed", "user_speed_samples",
-    "verified_per_step", "wasted_verification_fraction",
+    "SLA", "MeasurementWindow", "Metric", "MetricSet", "RequestRecord", "StepRecord", "acceptance_length",
+    "accepted_per_step", "budget_cut_tokens", "calibration_metrics", "calibration_reports", "confidence_table",
+    "describe", "draft_acceptance_rate", "draft_coverage", "emission_events", "failed_request_rate",
+    "from_counters", "goodput", "itl_samples", "percentile", "position_acceptance_conditional",
+    "position_acceptance_unconditional", "request_throughput", "requests_in", "sla_attainment", "speedup",
+    "steps_in", "succeeded", "summarise", "throughput", "tokens_per_target_forward", "tpot", "tpot_samples", "ttft",
+    "ttft_samples", "user_speed", "user_speed_samples", "verified_per_step", "wasted_verification_fraction",
 ]
