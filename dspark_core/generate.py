@@ -223,10 +223,11 @@ def generate(
         if not active:
             break
         act = torch.tensor(active, device=device)
-        budgets = torch.tensor([config.max_new_tokens - len(outputs[i]) for i in active], device=device)
+        # γ drafts up to the last step, whatever the token budget left; `emit` drops what overshoots (vLLM's
+        # rule, so acceptance counts are the same thing on both engines: harness.metrics.acceptance)
         emitted, verified, accepted, confs = speculative_step(
             target, drafter, state, act, temperatures[act], [generators[i] for i in active],
-            num_drafts, budgets - 1, policy,
+            num_drafts, None, policy,
         )
         for j, i in enumerate(active):
             counters[i].record(verified[j], accepted[j], confs[j] if confs is not None else None)
@@ -290,14 +291,15 @@ def speculative_step(
     temperatures: Tensor,
     generators: list[torch.Generator],
     num_drafts: int,
-    max_verify: Tensor,
+    max_verify: Tensor | None = None,
     policy: VerifyPolicy | None = None,
     verifier: Callable | None = None,
 ) -> tuple[list[list[int]], list[int], list[int], list[list[float]] | None]:
     """One step for slots `rows`: returns per row the emitted tokens, drafts verified, drafts accepted,
     and the verified positions' confidence logits (None if the drafter has no confidence head).
 
-    `max_verify` [R] caps the drafts verified per row (the remaining token budget minus the bonus). A
+    `max_verify` [R] caps the drafts verified per row (None: no cap). The engine loops pass None: a draft is
+    verified even where the token budget cannot take all it would emit, as vLLM does. A
     `DraftLengthPolicy` first picks how many of the `num_drafts` tokens to draft (0: no draft forward), and
     afterwards hears what was verified and accepted. `verifier` replaces `verify` (same signature) for the
     drafts: only `verification.synthetic_verifier` does, to measure the engine at a fixed acceptance.
@@ -320,6 +322,8 @@ def speculative_step(
     else:
         proposal = DraftProposal(torch.empty(num_rows, 0, dtype=torch.long, device=device), None, None)
     state.last_draft_length = num_drafts
+    if max_verify is None:
+        max_verify = torch.full((num_rows,), num_drafts, dtype=torch.long, device=device)
     n_verify = torch.clamp(max_verify, min=0, max=num_drafts)
     if proposal.num_valid is not None:
         n_verify = torch.minimum(n_verify, proposal.num_valid)

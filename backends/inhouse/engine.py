@@ -164,11 +164,10 @@ class Engine:
         if rows:
             slots = [self.slots[r] for r in rows]
             device = self.target.device
-            budgets = torch.tensor([s.request.max_new_tokens - len(s.output) for s in slots], device=device)
-            emitted, n_verified, n_accepted, confs = speculative_step(
+            emitted, n_verified, n_accepted, confs = speculative_step(  # γ to the end, as generate()
                 self.target, self.drafter, self.state, torch.tensor(rows, device=device),
                 torch.tensor([s.request.temperature for s in slots], device=device),
-                [s.generator for s in slots], self.num_drafts, budgets - 1, self.policy, verifier=self.verifier,
+                [s.generator for s in slots], self.num_drafts, None, self.policy, verifier=self.verifier,
             )
             now = self.clock()
             for j, (row, slot) in enumerate(zip(rows, slots)):

@@ -12,7 +12,8 @@ spec extension of `usage`), `counters` (/metrics), `app` (aiohttp: routes, limit
 Endpoints: POST /v1/completions (`prompt`: text or token ids) and /v1/chat/completions (`messages`,
 through the tokenizer's chat template as `harness.tasks.tokenize_messages`), streaming (SSE) or not;
 GET /health, /v1/models, /version, /metrics (Prometheus text: vLLM's spec-decode counter names, see
-`backends.openai.metrics`, plus request, token and connection counters). Not supported (400): n > 1,
+`backends.openai.metrics`, plus request, token and connection counters, and vLLM's TTFT histogram
+`vllm:time_to_first_token_seconds`, from the POST's arrival to its first token chunk written). Not supported (400): n > 1,
 best_of > 1, echo, top_p ≠ 1, penalties, string `stop`; `stop_token_ids` and `ignore_eos` (vLLM's) are. A
 request whose client goes away is aborted (`Engine.abort`): its slot is free for the next step, and
 /metrics counts it under finished_reason="abort".

@@ -18,7 +18,9 @@ target, drafter, γ and policy describe it but cannot change it. Options (the su
 Per cell: the task's conversations (MT-Bench turn by turn, each next turn built from the model's own
 answer) run as in the in-house adapter — a warm-up phase of `cell.warmup` conversations to completion,
 then the measured load (closed loop or Poisson, `client.run_openai_load`). Throughput and latency come
-from the client's timings; acceptance from the responses' per-request spec extension if every measured
+from the client's timings (and `ttft_server_mean`, the server's own TTFT histogram over the measured
+phase, where /metrics has vLLM's `vllm:time_to_first_token_seconds`: the client's TTFT held against
+it); acceptance from the responses' per-request spec extension if every measured
 response has it, else from the server's Prometheus counters (`metrics.py`), else none —
 `provenance["acceptance_source"]` says which.
 
@@ -36,7 +38,7 @@ from typing import Any
 
 from backends.base import BackendError, Progress
 from backends.openai.client import ApiRequest, Endpoint, Load, Send, StreamedResponse, run_openai_load
-from backends.openai.metrics import DIRECT, SpecCounts, per_request_steps, scrape
+from backends.openai.metrics import DIRECT, ServerTTFT, SpecCounts, parse_prometheus, per_request_steps, scrape
 from harness import model_refs, redaction
 from harness.cells import Cell, CellResult, RequestResult
 from harness.metrics import MeasurementWindow, MetricSet, summarise
@@ -149,14 +151,22 @@ def run_cell_at(endpoint: Endpoint, cell: Cell, progress: Progress | None = None
     if warm > 0:  # a phase of its own, run to completion first, as in the in-house adapter
         warmup = run_openai_load(endpoint, first_turns[:warm], Load(concurrency=cell.concurrency or warm),
                                  next_turn_from(0), on_response=on_response, send=send)
-    before = _spec_counts(endpoint) if scrape_metrics else None
+    before = _scrape(endpoint) if scrape_metrics else None
     measured = run_openai_load(endpoint, first_turns[warm:], Load(cell.concurrency, cell.rate, cell.seed),
                                next_turn_from(warm), on_response=on_response, send=send)
-    after = _spec_counts(endpoint) if scrape_metrics else None
+    after = _scrape(endpoint) if scrape_metrics else None
     for r in measured:
         r.conversation += warm
-    counts = after - before if before is not None and after is not None else None
-    return _result(cell, endpoint, data.content_hash, warmup, measured, counts, provenance or {}, log)
+    counts = ttft = None
+    if before is not None and after is not None:
+        spec = [SpecCounts.from_samples(before), SpecCounts.from_samples(after)]
+        counts = spec[1] - spec[0] if None not in spec else None
+        times = [ServerTTFT.from_samples(before), ServerTTFT.from_samples(after)]
+        ttft = times[1] - times[0] if None not in times else None
+    result = _result(cell, endpoint, data.content_hash, warmup, measured, counts, provenance or {}, log)
+    if ttft is not None:
+        result.metrics = MetricSet({**result.metrics, "ttft_server_mean": ttft.metric()})
+    return result
 
 
 def _result(cell: Cell, endpoint: Endpoint, dataset_hash: str, warmup: list[StreamedResponse],
@@ -231,9 +241,10 @@ def server_version(endpoint: Endpoint) -> str:
         return "unknown"
 
 
-def _spec_counts(endpoint: Endpoint) -> SpecCounts | None:
+def _scrape(endpoint: Endpoint):
+    """The server's /metrics samples (`metrics.parse_prometheus`), or None where it has none."""
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
     try:
-        return SpecCounts.from_text(scrape(endpoint.root, min(endpoint.timeout_s, 30.0), headers))
+        return parse_prometheus(scrape(endpoint.root, min(endpoint.timeout_s, 30.0), headers))
     except (OSError, urllib.error.URLError, ValueError):
         return None

@@ -1,4 +1,4 @@
-"""A streaming client for OpenAI-compatible servers and the load that drives it (stdlib only).
+"""A streaming client for OpenAI-compatible servers and the load that drives it (asyncio + aiohttp).
 
     from backends.openai.client import ApiRequest, Endpoint, Load, run_openai_load
 
@@ -27,20 +27,28 @@ speculative step that emits several tokens in one chunk is one emission event, a
 Failures (connection refused, HTTP status ≠ 200, an `error` event, a broken stream, no tokens) never
 raise: the response carries `error`, its record is a failed request, and the load goes on.
 
+Transport: one asyncio event loop per load and one pooled keep-alive `aiohttp.ClientSession` (as vLLM's
+bench and AIPerf drive servers): a connection is reused by the next request once its stream ends, no
+thread per request, and chunks are timed on arrival by the loop (`clock`), so a busy client adds no
+per-thread scheduling delay to TTFT at high concurrency. `stream_request` is the same for one request,
+from synchronous code. The session never reads $http_proxy (`trust_env=False`): requests go straight
+to the server.
+
 The API key (`Endpoint.api_key`) is sent as a bearer token only; it is kept out of repr and messages.
 """
 
 from __future__ import annotations
 
-import http.client
+import asyncio
+import inspect
 import json
-import queue
 import random
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
+
+import aiohttp
 
 from backends.openai.metrics import per_request_usage
 from harness.metrics.records import RequestRecord
@@ -74,10 +82,14 @@ class Endpoint:
     def url(self, path: str) -> str:
         return self.root + path
 
-    def connection(self) -> http.client.HTTPConnection:
-        parts = urlsplit(self.root)
-        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        return cls(parts.hostname, parts.port, timeout=self.timeout_s)
+    def session(self, max_connections: int = 0) -> aiohttp.ClientSession:
+        """A pooled keep-alive session for this endpoint (`max_connections` 0: no limit). `timeout_s`
+        bounds the connect and each read of a stream, not the whole request (a long answer may stream
+        for minutes). Call inside a running event loop; close it when the load is done."""
+        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, keepalive_timeout=60)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s)
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False, auto_decompress=True,
+                                     read_bufsize=1 << 22)  # one SSE line may carry a whole request's step lists
 
     def headers(self) -> dict[str, str]:
         out = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -159,6 +171,7 @@ class StreamedResponse:
             arrival_s=self.arrival_s, first_token_s=times[0] if times else None, finish_s=max(finish, self.arrival_s),
             token_times_s=tuple(times), num_drafts=gamma, num_verified=verified, num_accepted=accepted,
             confidence_logits=confidences, finish_reason=reason, error=error,
+            all_steps=steps is None or self.usage.get("spec_steps") != "drafting",
         )
 
 
@@ -172,49 +185,64 @@ class _Failed(Exception):
 
 # ------------------------------------------------------------------ one request
 
+# What a request may raise that the server or the network caused (never a bug of ours): a failed record.
+NETWORK_ERRORS = (OSError, aiohttp.ClientError, asyncio.TimeoutError, ValueError)  # ValueError: bad JSON
 
-def stream_request(endpoint: Endpoint, request: ApiRequest, clock: Clock = time.perf_counter,
-                   arrival_s: float | None = None) -> StreamedResponse:
-    """Send one request and read its stream to the end; never raises for what the server or network does."""
+
+async def astream_request(session: aiohttp.ClientSession, endpoint: Endpoint, request: ApiRequest,
+                          clock: Clock = time.perf_counter, arrival_s: float | None = None) -> StreamedResponse:
+    """Send one request on `session` and read its stream to the end; never raises for what the server or
+    network does."""
     out = StreamedResponse(request, clock() if arrival_s is None else arrival_s)
     if not isinstance(request.prompt, str) and not endpoint.chat:
         out.prompt_ids = [int(t) for t in request.prompt]
     reader = _ChunkReader(out)
-    conn = None
     try:
-        conn = endpoint.connection()
         path = "/v1/chat/completions" if endpoint.chat else "/v1/completions"
-        prefix = urlsplit(endpoint.root).path
-        conn.request("POST", prefix + path, json.dumps(request.body(endpoint)).encode(), endpoint.headers())
-        response = conn.getresponse()
-        if response.status != 200:
-            raise _Failed(f"HTTP {response.status} {response.reason}: {_short(response.read(4096))}")
-        done = False
-        for data in sse_events(response):
-            now = clock()
-            if data.strip() == "[DONE]":
-                done = True
-                break
-            reader.add(json.loads(data), now)
+        body = json.dumps(request.body(endpoint)).encode()
+        async with session.post(endpoint.url(path), data=body, headers=endpoint.headers()) as response:
+            if response.status != 200:
+                raise _Failed(f"HTTP {response.status} {response.reason}: {_short(await response.content.read(4096))}")
+            done = False
+            async for data in sse_events(response.content):
+                now = clock()
+                if data.strip() == "[DONE]":
+                    done = True
+                    break
+                reader.add(json.loads(data), now)
         if not done and out.finish_reason is None:
             raise _Failed("the stream ended before [DONE] or a finish reason")
         reader.finish()
     except _Failed as exc:
         out.error = str(exc)
-    except (OSError, http.client.HTTPException, ValueError) as exc:  # ValueError: bad JSON in a chunk
-        out.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        if conn is not None:
-            conn.close()
+    except NETWORK_ERRORS as exc:
+        out.error = network_error(exc)
     out.finish_s = clock() if out.error is not None else (out.emissions[-1][0] if out.emissions else clock())
     return out
 
 
-def sse_events(response) -> Iterator[str]:
+def network_error(exc: BaseException) -> str:
+    """One line for a failed request: the OS error under aiohttp's wrapper named first (ConnectionRefusedError …)."""
+    cause = getattr(exc, "os_error", None)
+    return f"{type(cause if isinstance(cause, OSError) else exc).__name__}: {exc}"
+
+
+def stream_request(endpoint: Endpoint, request: ApiRequest, clock: Clock = time.perf_counter,
+                   arrival_s: float | None = None) -> StreamedResponse:
+    """`astream_request` from synchronous code: one request on a session of its own."""
+
+    async def once() -> StreamedResponse:
+        async with endpoint.session(1) as session:
+            return await astream_request(session, endpoint, request, clock, arrival_s)
+
+    return asyncio.run(once())
+
+
+async def sse_events(content: aiohttp.StreamReader) -> AsyncIterator[str]:
     """The `data:` payloads of a server-sent event stream (multi-line data joined by newlines)."""
     lines: list[str] = []
     while True:
-        raw = response.readline()
+        raw = await content.readline()
         if not raw:
             break
         line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
@@ -359,9 +387,11 @@ def arrival_offsets(num_conversations: int, rate: float, seed: int) -> list[floa
 
 # next_turn(conversation index, turn index, its successful response) → the next turn, or None when done
 NextTurn = Callable[[int, int, StreamedResponse], ApiRequest | None]
-# send(endpoint, request, clock, scheduled arrival or None) → the finished response (`stream_request`, or another
-# API's client such as SGLang's native /generate, `backends.sglang.client.stream_generate`)
-Send = Callable[[Endpoint, ApiRequest, Clock, "float | None"], StreamedResponse]
+# send(session, endpoint, request, clock, scheduled arrival or None) → awaitable of the finished response
+# (`astream_request`, or another API's client on the same pooled session, such as SGLang's native
+# /generate, `backends.sglang.client.astream_generate`). A plain function (endpoint, request, clock,
+# arrival) → response is also accepted and runs in a worker thread (a client without asyncio).
+Send = Callable[..., "Awaitable[StreamedResponse] | StreamedResponse"]
 
 
 def run_openai_load(
@@ -372,82 +402,88 @@ def run_openai_load(
     *,
     on_response: Callable[[StreamedResponse], None] | None = None,
     clock: Clock = time.perf_counter,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     send: Send | None = None,
 ) -> list[StreamedResponse]:
     """Run one conversation per entry of `first_turns` under `load` (`Load` or a LoadSpec); every turn's
-    response, in finish order. A conversation's next turn (`next_turn`, called on the worker thread) is
-    sent as soon as its previous turn succeeded; a failed turn ends its conversation. `on_response` is
-    called on the calling thread, once per response, as they finish (progress). `send` sends one request
-    (default `stream_request`, the OpenAI API)."""
-    send = send or stream_request
-    n = len(first_turns)
-    events: queue.Queue = queue.Queue()  # StreamedResponse | ("end", None) | ("raise", exc)
-    stop = threading.Event()
+    response, in finish order. A conversation's next turn (`next_turn`) is sent as soon as its previous
+    turn succeeded; a failed turn ends its conversation. `on_response` is called once per response, as
+    they finish (progress). `send` sends one request (default `astream_request`, the OpenAI API). The
+    whole load runs on one event loop in this thread (a thread of its own if this one already runs a
+    loop), on one pooled keep-alive session."""
+    coro = run_openai_load_async(endpoint, first_turns, load, next_turn, on_response=on_response, clock=clock,
+                                 sleep=sleep, send=send)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    import concurrent.futures  # called from inside a loop (a notebook): run ours beside it
 
-    def conversation(conv: int, arrival: float | None) -> None:
-        try:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+async def run_openai_load_async(
+    endpoint: Endpoint,
+    first_turns: Sequence[ApiRequest],
+    load,
+    next_turn: NextTurn | None = None,
+    *,
+    on_response: Callable[[StreamedResponse], None] | None = None,
+    clock: Clock = time.perf_counter,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    send: Send | None = None,
+) -> list[StreamedResponse]:
+    """`run_openai_load` inside a running event loop."""
+    n = len(first_turns)
+    out: list[StreamedResponse] = []
+    closed = load.concurrency is not None
+    width = min(load.concurrency, n) if closed else 0  # open loop: as many connections as requests in flight
+
+    async with endpoint.session(width) as session:
+        one = _sender(send, session)
+
+        async def conversation(conv: int, arrival: float | None) -> None:
             request, turn = first_turns[conv], 0
-            while request is not None and not stop.is_set():
-                response = send(endpoint, request, clock, arrival)
+            while request is not None:
+                response = await one(endpoint, request, clock, arrival)
                 response.conversation, response.turn = conv, turn
                 follow = next_turn(conv, turn, response) if next_turn is not None and response.error is None else None
-                events.put(response)
+                out.append(response)
+                if on_response is not None:
+                    on_response(response)
                 request, turn, arrival = follow, turn + 1, None
-            events.put(("end", None))
-        except BaseException as exc:  # noqa: BLE001 — a bug in next_turn: surface it on the caller's thread
-            events.put(("raise", exc))
 
-    threads: list[threading.Thread] = []
-    if load.concurrency is not None:
-        order = iter(range(n))
-        lock = threading.Lock()
+        if closed:
+            order = iter(range(n))
 
-        def worker() -> None:
-            while not stop.is_set():
-                with lock:
-                    conv = next(order, None)
-                if conv is None:
-                    return
-                conversation(conv, None)
+            async def worker() -> None:
+                for conv in order:  # one shared iterator: the next free worker takes the next conversation
+                    await conversation(conv, None)
 
-        threads = [threading.Thread(target=worker, daemon=True, name=f"openai-load-{i}")
-                   for i in range(min(load.concurrency, n))]
-    else:
-        start = clock()
-        arrivals = [start + t for t in arrival_offsets(n, load.rate, load.seed)]
-
-        def dispatcher() -> None:
+            tasks = [asyncio.create_task(worker()) for _ in range(width)]
+        else:
+            start = clock()
+            arrivals = [start + t for t in arrival_offsets(n, load.rate, load.seed)]
+            tasks = []
             for conv, at in enumerate(arrivals):
                 wait = at - clock()
                 if wait > 0:
-                    sleep(wait)
-                if stop.is_set():
-                    for _ in range(conv, n):
-                        events.put(("end", None))
-                    return
-                threading.Thread(target=conversation, args=(conv, at), daemon=True, name=f"openai-conv-{conv}").start()
-
-        threads = [threading.Thread(target=dispatcher, daemon=True, name="openai-load-dispatch")]
-    for thread in threads:
-        thread.start()
-
-    out: list[StreamedResponse] = []
-    ended = 0
-    try:
-        while ended < n:
-            try:
-                event = events.get(timeout=0.2)  # a timeout keeps the caller's thread responsive to signals
-            except queue.Empty:
-                continue
-            if isinstance(event, StreamedResponse):
-                out.append(event)
-                if on_response is not None:
-                    on_response(event)
-            elif event[0] == "end":
-                ended += 1
-            else:
-                raise event[1]
-    finally:
-        stop.set()
+                    await sleep(wait)
+                tasks.append(asyncio.create_task(conversation(conv, at)))
+        try:
+            await asyncio.gather(*tasks)  # a bug in next_turn or on_response surfaces here, the rest cancelled
+        finally:
+            for task in tasks:
+                task.cancel()
     return out
+
+
+def _sender(send: Send | None, session: aiohttp.ClientSession):
+    """`send` as `await one(endpoint, request, clock, arrival)`: on the shared session if it is a coroutine
+    function, else in a worker thread."""
+    if send is None:
+        send = astream_request
+    if inspect.iscoroutinefunction(send) or inspect.iscoroutinefunction(getattr(send, "func", None)):
+        return lambda endpoint, request, clock, arrival: send(session, endpoint, request, clock, arrival)
+    return lambda endpoint, request, clock, arrival: asyncio.to_thread(send, endpoint, request, clock, arrival)

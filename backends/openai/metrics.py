@@ -8,6 +8,8 @@ Two sources, best first (the adapter records which one it used as `acceptance_so
       spec_verify_ct           verify steps (the first token, from prefill, is no step)
       spec_verified_per_step   [spec_verify_ct] drafts verified at each step (0 … γ); absent: γ each step
       spec_accepted_per_step   [spec_verify_ct] drafts accepted at each step (0 … verified)
+      spec_steps               "drafting": the steps are the drafting steps only (vLLM's); absent: every step
+                               (`RequestRecord.all_steps`)
   These fill `RequestRecord.num_verified/num_accepted`, and every acceptance metric follows as for the
   in-house engine. vLLM (≥ 0.32, `--per-request-spec-decode-metrics detailed`) sends the same per request
   in its own shape, a top-level `metrics.speculative_decoding` block on the final (usage) chunk; the
@@ -19,12 +21,14 @@ Two sources, best first (the adapter records which one it used as `acceptance_so
       vllm:spec_decode_num_accepted_tokens_total             drafts accepted
       vllm:spec_decode_num_accepted_tokens_per_pos_total{position="k"}   steps whose draft k+1 (k from 0) was accepted
       dspark:spec_decode_num_steps_total                     all verify steps, with or without drafts (our server)
+  and, beside acceptance, the server's own TTFT histogram `vllm:time_to_first_token_seconds` (`ServerTTFT`:
+  its _sum and _count over the same window give `ttft_server_mean`, to hold the client's TTFT against).
   Samples are summed over every other label (engines, model names). The counters are server-wide: any
   other client's traffic in the window is counted too.
 
-Conventions where the two differ: vLLM counts a step only if it verified a draft, so where the steps
-counter is missing, τ = 1 + accepted / drafts over drafting steps only; with it (our server), τ is the
-step-weighted τ of `harness.metrics.acceptance` exactly. Per-position acceptance from counters assumes
+One acceptance definition (`harness.metrics.acceptance`): τ = 1 + accepted / drafting steps, which is
+vLLM's `1 + accepted_tokens / drafts` from either source; the steps counter (our server) adds draft
+coverage and tokens per target forward, which need every step. Per-position acceptance from counters assumes
 every drafting step verified all γ positions (vLLM's fixed γ); it is reported only when the counters
 show that (draft tokens = γ × drafts).
 """
@@ -160,14 +164,17 @@ class SpecCounts:
     def metrics(self, num_drafts: int) -> dict[str, Metric]:
         """The acceptance metrics of `harness.metrics.summarise` that these counts determine (module
         docstring for the conventions); positions up to `num_drafts` (γ)."""
-        steps = self.steps if self.steps is not None else self.drafts
+        drafts = self.drafts
         out = {
-            "acceptance_length": ratio(self.accepted + steps, steps, "tokens/step"),
-            "accepted_per_step": ratio(self.accepted, steps, "drafts/step"),
-            "verified_per_step": ratio(self.draft_tokens, steps, "drafts/step"),
+            "acceptance_length": Metric(1 + self.accepted / drafts if drafts else None, "tokens/step", drafts),
+            "accepted_per_step": ratio(self.accepted, drafts, "drafts/step"),
+            "verified_per_step": ratio(self.draft_tokens, drafts, "drafts/step"),
             "draft_acceptance_rate": ratio(self.accepted, self.draft_tokens, "fraction"),
             "wasted_verification_fraction": ratio(self.draft_tokens - self.accepted, self.draft_tokens, "fraction"),
         }
+        if self.steps is not None:  # every step, drafting or not (our server's counter)
+            out["draft_coverage"] = ratio(drafts, self.steps, "fraction")
+            out["tokens_per_target_forward"] = ratio(self.accepted + self.steps, self.steps, "tokens/step")
         if num_drafts > 0 and self.drafts > 0 and self.draft_tokens == num_drafts * self.drafts:
             per_pos = tuple(self.accepted_per_pos) + (0,) * max(0, num_drafts - len(self.accepted_per_pos))
             for k in range(1, num_drafts + 1):
@@ -176,6 +183,31 @@ class SpecCounts:
                 below = per_pos[k - 2] if k > 1 else self.drafts
                 out[f"position_acceptance_conditional_k{k}"] = ratio(per_pos[k - 1], below, "fraction")
         return out
+
+
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+@dataclass(frozen=True)
+class ServerTTFT:
+    """The server's own TTFT histogram totals (vLLM's `vllm:time_to_first_token_seconds`, our server's
+    too), cumulative or a window's difference: the server-side twin of the client's `ttft_mean`."""
+
+    sum_s: float
+    count: int
+
+    @classmethod
+    def from_samples(cls, samples: Samples) -> ServerTTFT | None:
+        total = sum(v for (name, _), v in samples.items() if name == TTFT + "_sum" and not math.isnan(v))
+        count = [v for (name, _), v in samples.items() if name == TTFT + "_count" and not math.isnan(v)]
+        return cls(float(total), int(sum(count))) if count else None
+
+    def __sub__(self, before: ServerTTFT) -> ServerTTFT:
+        return ServerTTFT(self.sum_s - before.sum_s, self.count - before.count)
+
+    def metric(self) -> Metric:
+        """`ttft_server_mean`: Σ server TTFT ÷ requests it timed (server-wide, like the spec counters)."""
+        return ratio(self.sum_s, self.count, "s")
 
 
 def per_request_steps(usage: Mapping[str, Any], num_drafts: int) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
@@ -225,5 +257,5 @@ def per_request_usage(metrics: Any) -> dict[str, Any] | None:
     if not isinstance(accepted, list) or not isinstance(drafted, list) or len(accepted) != len(drafted):
         return None
     gamma = spec.get("num_spec_tokens", max(drafted, default=0))
-    return {"spec_num_drafts": int(gamma), "spec_verify_ct": len(accepted),
+    return {"spec_num_drafts": int(gamma), "spec_verify_ct": len(accepted), "spec_steps": "drafting",
             "spec_verified_per_step": [int(v) for v in drafted], "spec_accepted_per_step": [int(a) for a in accepted]}

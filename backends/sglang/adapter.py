@@ -96,16 +96,16 @@ def run_cell_native(endpoint, cell: Cell, progress: Progress | None = None, *, t
     prompts from the target's tokenizer; MT-Bench turns built from the model's answers), warm-up phase and
     load, with per-request acceptance from `meta_info` (no Prometheus scrape: /server_info is cumulative)."""
     from backends.openai.adapter import run_cell_at
-    from backends.sglang.client import stream_generate
+    from backends.sglang.client import astream_generate
 
-    send = functools.partial(_send, num_drafts=cell.num_drafts, stream=stream_generate)
+    send = functools.partial(_send, num_drafts=cell.num_drafts, stream=astream_generate)
     endpoint = dataclasses.replace(endpoint, chat=False)
     return run_cell_at(endpoint, cell, progress, tokenizer=tokenizer, scrape_metrics=False,
                        provenance={"api": "sglang /generate", **(provenance or {})}, send=send)
 
 
-def _send(endpoint, request, clock, arrival, *, num_drafts: int, stream):
-    return stream(endpoint, request, clock, arrival, num_drafts=num_drafts)
+async def _send(session, endpoint, request, clock, arrival, *, num_drafts: int, stream):
+    return await stream(session, endpoint, request, clock, arrival, num_drafts=num_drafts)
 
 
 __all__ = ["SGLangBackend", "run_cell_native", "ADAPTER_OPTIONS"]

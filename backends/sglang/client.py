@@ -6,6 +6,7 @@ read from the native API. One request is one streamed POST /generate:
     {"input_ids": [...], "sampling_params": {"max_new_tokens": N, "temperature": T, "sampling_seed": S},
      "stream": true, "rid": "<sample>:<turn>"}
 
+sent on the load's pooled aiohttp session (`astream_generate`, the `send` of `run_openai_load`) and
 answered by server-sent events `data: {"text", "output_ids", "meta_info"}` and `data: [DONE]`. By default
 `text` and `output_ids` are cumulative (with `--incremental-streaming-output`, per chunk); the count of
 new tokens in a chunk is the increase of `meta_info.completion_tokens`, timed on arrival. The last
@@ -26,13 +27,13 @@ OpenAI server. The histogram is required: averages alone (`spec_accept_length`) 
 
 from __future__ import annotations
 
-import http.client
+import asyncio
 import json
 import time
 from typing import Any, Mapping, Sequence
-from urllib.parse import urlsplit
 
-from backends.openai.client import ApiRequest, Clock, Endpoint, StreamedResponse, sse_events
+from backends.openai.client import (NETWORK_ERRORS, ApiRequest, Clock, Endpoint, StreamedResponse, network_error,
+                                   sse_events)
 
 HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 ACCEPTED_KEYS = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
@@ -86,46 +87,44 @@ def generate_body(request: ApiRequest) -> dict[str, Any]:
             **dict(request.extra_body)}
 
 
-def stream_generate(endpoint: Endpoint, request: ApiRequest, clock: Clock = time.perf_counter,
-                    arrival_s: float | None = None, num_drafts: int = 0) -> StreamedResponse:
-    """One streamed POST /generate; never raises for what the server or network does (`error` is set)."""
+async def astream_generate(session, endpoint: Endpoint, request: ApiRequest, clock: Clock = time.perf_counter,
+                           arrival_s: float | None = None, num_drafts: int = 0) -> StreamedResponse:
+    """One streamed POST /generate on `session` (the load's pooled aiohttp session, `run_openai_load`);
+    never raises for what the server or network does (`error` is set)."""
     out = StreamedResponse(request, clock() if arrival_s is None else arrival_s)
     if not isinstance(request.prompt, str):
         out.prompt_ids = [int(t) for t in request.prompt]
-    conn = None
     meta: dict[str, Any] = {}
     try:
-        conn = endpoint.connection()
-        prefix = urlsplit(endpoint.root).path
-        conn.request("POST", prefix + "/generate", json.dumps(generate_body(request)).encode(), endpoint.headers())
-        response = conn.getresponse()
-        if response.status != 200:
-            raise _Failed(f"HTTP {response.status} {response.reason}: {response.read(4096)[:300]!r}")
-        done, seen, ids = False, 0, []
-        for data in sse_events(response):
-            now = clock()
-            if data.strip() == "[DONE]":
-                done = True
-                break
-            chunk = json.loads(data)
-            if chunk.get("error"):
-                raise _Failed(f"server error: {chunk['error']}")
-            meta = chunk.get("meta_info") or meta
-            count = int(meta.get("completion_tokens", seen)) - seen
-            chunk_ids = [int(t) for t in chunk.get("output_ids") or ()]
-            ids = chunk_ids if len(chunk_ids) == seen + count else ids + chunk_ids  # cumulative or incremental
-            text = chunk.get("text") or ""
-            out.text = text if text.startswith(out.text) else out.text + text
-            if count > 0:
-                seen += count
-                out.emissions.append((now, count))
-                if out.first_token_s is None:
-                    out.first_token_s = now
-            reason = meta.get("finish_reason")
-            if isinstance(reason, Mapping) and reason.get("type"):
-                out.finish_reason = str(reason["type"])
-                if reason["type"] == "abort":
-                    raise _Failed(f"request aborted: {reason.get('message', reason)}")
+        body = json.dumps(generate_body(request)).encode()
+        async with session.post(endpoint.url("/generate"), data=body, headers=endpoint.headers()) as response:
+            if response.status != 200:
+                raise _Failed(f"HTTP {response.status} {response.reason}: {(await response.content.read(4096))[:300]!r}")
+            done, seen, ids = False, 0, []
+            async for data in sse_events(response.content):
+                now = clock()
+                if data.strip() == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(data)
+                if chunk.get("error"):
+                    raise _Failed(f"server error: {chunk['error']}")
+                meta = chunk.get("meta_info") or meta
+                count = int(meta.get("completion_tokens", seen)) - seen
+                chunk_ids = [int(t) for t in chunk.get("output_ids") or ()]
+                ids = chunk_ids if len(chunk_ids) == seen + count else ids + chunk_ids  # cumulative or incremental
+                text = chunk.get("text") or ""
+                out.text = text if text.startswith(out.text) else out.text + text
+                if count > 0:
+                    seen += count
+                    out.emissions.append((now, count))
+                    if out.first_token_s is None:
+                        out.first_token_s = now
+                reason = meta.get("finish_reason")
+                if isinstance(reason, Mapping) and reason.get("type"):
+                    out.finish_reason = str(reason["type"])
+                    if reason["type"] == "abort":
+                        raise _Failed(f"request aborted: {reason.get('message', reason)}")
         if not done and out.finish_reason is None:
             raise _Failed("the stream ended before [DONE] or a finish reason")
         out.token_ids = ids if len(ids) == seen else []
@@ -135,13 +134,21 @@ def stream_generate(endpoint: Endpoint, request: ApiRequest, clock: Clock = time
         out.usage = usage | (spec or {})
     except _Failed as exc:
         out.error = str(exc)
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        out.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        if conn is not None:
-            conn.close()
+    except NETWORK_ERRORS as exc:
+        out.error = network_error(exc)
     out.finish_s = clock() if out.error is not None else (out.emissions[-1][0] if out.emissions else clock())
     return out
+
+
+def stream_generate(endpoint: Endpoint, request: ApiRequest, clock: Clock = time.perf_counter,
+                    arrival_s: float | None = None, num_drafts: int = 0) -> StreamedResponse:
+    """`astream_generate` from synchronous code, on a session of its own."""
+
+    async def once() -> StreamedResponse:
+        async with endpoint.session(1) as session:
+            return await astream_generate(session, endpoint, request, clock, arrival_s, num_drafts)
+
+    return asyncio.run(once())
 
 
 class _Failed(Exception):

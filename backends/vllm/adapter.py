@@ -15,8 +15,9 @@ them, `backends.openai.metrics.per_request_usage`), else from the difference of 
 counters scraped just before and just after the measured phase (prometheus; server-wide, so nothing else
 may use the server meanwhile; an older vLLM, or option `per_request_spec_decode_metrics: false`).
 `provenance["prometheus_spec_decode"]` keeps the counters' difference either way. vLLM counts only steps
-that verified at least one draft, in both sources, and drafts γ up to the last step even when fewer
-tokens remain (our engine drafts at most the tokens left − 1), so the last step of a request can differ.
+that verified at least one draft, in both sources (its requests' `all_steps` is false), and drafts γ up to
+the last step even when fewer tokens remain, as our engine does: one acceptance definition on both
+(`harness.metrics.acceptance`).
 
 Any failure — the server does not start, dies, or the load raises — becomes a BackendError whose message
 ends with the server's log tail; failed requests keep the tail in `CellResult.log`. `close()` stops the
@@ -25,6 +26,7 @@ whole process group (the API server, its engine core and workers).
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -34,7 +36,7 @@ from backends.base import BackendError, BackendUnavailable, Progress
 from backends.openai.metrics import per_request_usage  # vLLM's per-request block → our spec extension
 from backends.server_backend import ServerBackend, installed
 from backends.vllm import server
-from backends.vllm.server import ADAPTER_OPTIONS, DEFAULT_PORT, draft_location, speculative_config
+from backends.vllm.server import ADAPTER_OPTIONS, DEFAULT_PORT, draft_location, interpreter, speculative_config
 from harness import model_refs
 from harness.cells import Cell, CellResult
 
@@ -50,10 +52,12 @@ class VLLMBackend(ServerBackend):
 
     def check(self, cell: Cell) -> None:
         speculative_config(cell, self.options)  # raises BackendError for what vLLM cannot run
-        python = str(self.options.get("python") or sys.executable)
-        if self.options.get("python"):
+        python = interpreter(self.options)
+        if python is not None:
             if not Path(python).exists():
-                raise BackendUnavailable(f"backend_options.vllm.python {python!r} does not exist")
+                where = f"${self.options['python_env']}" if os.environ.get(str(self.options.get("python_env"))) else \
+                    "backend_options.vllm.python"
+                raise BackendUnavailable(f"{where} {python!r} does not exist")
         elif not installed("vllm"):
             raise BackendUnavailable("vllm is not installed in this interpreter; install it, or set "
                                      "backend_options.vllm.python to an interpreter that has it")

@@ -32,6 +32,7 @@ Options (the suite's `backend_options.vllm`): every key becomes a server flag (`
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -54,6 +55,8 @@ NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 # Adapter options: read here or by the adapter, never passed to the server as flags.
 #   python                the interpreter that has vllm (e.g. a separate virtualenv's)
+#   python_env            name of an environment variable that, when set, names that interpreter instead
+#                         (a suite stays data while CI and a workstation keep vLLM in different places)
 #   port                  the server port (DEFAULT_PORT)
 #   host                  the address the client connects to (127.0.0.1)
 #   env                   ["NAME=value", …] added to the server's environment
@@ -66,8 +69,15 @@ NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 #   log_path              also write the server's whole log there
 #   timeout_s             the client's socket timeout per read (600)
 #   served_model_name     the name(s) clients send (default: the target); each start adds one of its own
-ADAPTER_OPTIONS = ("python", "port", "host", "env", "startup_timeout_s", "export_dir", "draft_layout",
+ADAPTER_OPTIONS = ("python", "python_env", "port", "host", "env", "startup_timeout_s", "export_dir", "draft_layout",
                    "dspark_draft_topk", "per_request_spec_decode_metrics", "log_path", "timeout_s", "served_model_name")
+
+
+def interpreter(options: Mapping[str, Any] | None = None) -> str | None:
+    """The vLLM interpreter the options name: $<python_env> when that is set, else `python`; None: this one."""
+    options = options or {}
+    name = options.get("python_env")
+    return (os.environ.get(str(name)) if name else None) or (str(options["python"]) if options.get("python") else None)
 
 
 def draft_location(cell: Cell, options: Mapping[str, Any] | None = None) -> tuple[str, str | None]:
@@ -138,7 +148,7 @@ def server_argv(cell: Cell, options: Mapping[str, Any] | None = None, *, max_num
     options, notes = dict(options or {}), notes if notes is not None else []
     spec = speculative_config(cell, options)
     port = int(options.get("port", DEFAULT_PORT))
-    python = str(options.get("python") or sys.executable or "python3")
+    python = interpreter(options) or sys.executable or "python3"
     load = max_num_seqs if max_num_seqs is not None else cell_load(cell)
     argv = [python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", model_refs.resolve(cell.target.path).location,

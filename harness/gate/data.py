@@ -198,7 +198,7 @@ class PromptSteps:
 
     prompt_keys: tuple[str, ...]  # sorted
     units: tuple[str, ...]  # [prompts]
-    steps: np.ndarray  # [prompts] float64: verify steps
+    steps: np.ndarray  # [prompts] float64: drafting steps (verified ≥ 1 draft; harness.metrics.acceptance)
     verified: np.ndarray  # [prompts] float64: Σ num_verified
     accepted: np.ndarray  # [prompts] float64: Σ num_accepted
 
@@ -212,7 +212,7 @@ def prompt_steps(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Prom
     rows = conn.execute(
         f"""
         WITH ok AS ({_OK_REQUESTS})
-        SELECT ok.cell_id, ok.prompt_key, min(ok.sample_index), count(*),
+        SELECT ok.cell_id, ok.prompt_key, min(ok.sample_index), count_if(s.num_verified > 0),
                sum(s.num_verified)::DOUBLE, sum(s.num_accepted)::DOUBLE
         FROM request_steps s
         JOIN ok ON s.cell_id = ok.cell_id AND s."repeat" = ok."repeat" AND s.request_id = ok.request_id

@@ -7,7 +7,8 @@ DuckDB views can mirror each definition (the SQL beside each function). One modu
 
     records.py      RequestRecord, StepRecord, from_counters (dspark_core RequestCounters → record)
     window.py       the measurement window: requests count by finish time, warm-up excluded
-    acceptance.py   τ (bonus included), accepted/verified per step, wasted fraction, per-position α_k/β_k
+    acceptance.py   τ = 1 + accepted / drafting steps (vLLM's convention), draft coverage, tokens per
+                    target forward, tokens cut at the budget, wasted fraction, per-position α_k/β_k
     confidence.py   ECE/Brier raw and STS-calibrated via dspark_core.calibration
     latency.py      TTFT, TPOT, per-user speed, ITL per emission event and per token
     percentiles.py  linear-interpolation percentiles (numpy default = DuckDB quantile_cont)
@@ -22,7 +23,8 @@ gap for ITL) once.
 
 Tables the SQL assumes (one row per raw item; `:start_s`, `:end_s` are the window):
 
-    requests(request_id, prompt_tokens, output_tokens, arrival_s, first_token_s, finish_s, finish_reason, error)
+    requests(request_id, prompt_tokens, output_tokens, arrival_s, first_token_s, finish_s, finish_reason, error,
+             all_steps)
     request_steps(request_id, step, num_drafts, num_verified, num_accepted)
     request_tokens(request_id, token_index, t_s)
     step_confidences(request_id, step, position, logit)
@@ -37,9 +39,12 @@ Tables the SQL assumes (one row per raw item; `:start_s`, `:end_s` are the windo
 from harness.metrics.acceptance import (
     acceptance_length,
     accepted_per_step,
+    budget_cut_tokens,
     draft_acceptance_rate,
+    draft_coverage,
     position_acceptance_conditional,
     position_acceptance_unconditional,
+    tokens_per_target_forward,
     verified_per_step,
     wasted_verification_fraction,
 )
@@ -70,11 +75,11 @@ from harness.metrics.rates import (
 from harness.metrics.window import MeasurementWindow, requests_in, steps_in, succeeded
 
 __all__ = [
-    "SLA", "MeasurementWindow", "Metric", "MetricSet", "RequestRecord", "StepRecord",
-    "acceptance_length", "accepted_per_step", "calibration_metrics", "calibration_reports", "confidence_table",
-    "describe", "draft_acceptance_rate", "emission_events", "failed_request_rate", "from_counters", "goodput",
-    "itl_samples", "percentile", "position_acceptance_conditional", "position_acceptance_unconditional",
-    "request_throughput", "requests_in", "sla_attainment", "speedup", "steps_in", "succeeded", "summarise",
-    "throughput", "tpot", "tpot_samples", "ttft", "ttft_samples", "user_speed", "user_speed_samples",
-    "verified_per_step", "wasted_verification_fraction",
+    "SLA", "MeasurementWindow", "Metric", "MetricSet", "RequestRecord", "StepRecord", "acceptance_length",
+    "accepted_per_step", "budget_cut_tokens", "calibration_metrics", "calibration_reports", "confidence_table",
+    "describe", "draft_acceptance_rate", "draft_coverage", "emission_events", "failed_request_rate",
+    "from_counters", "goodput", "itl_samples", "percentile", "position_acceptance_conditional",
+    "position_acceptance_unconditional", "request_throughput", "requests_in", "sla_attainment", "speedup",
+    "steps_in", "succeeded", "summarise", "throughput", "tokens_per_target_forward", "tpot", "tpot_samples", "ttft",
+    "ttft_samples", "user_speed", "user_speed_samples", "verified_per_step", "wasted_verification_fraction",
 ]

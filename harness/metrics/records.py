@@ -7,7 +7,10 @@ engine), so only differences between them mean anything.
 Words (as in `dspark_core.verification`): at a verify step a request sends its anchor and
 `num_verified` of its drafts (0 … γ) to the target; `num_accepted` (0 … num_verified) of them are accepted
 as a run from the start, and the target adds one recovered (after a rejection) or bonus (all accepted)
-token, so a step emits `num_accepted + 1` tokens. Drafts proposed but not verified are never counted.
+token, so a step emits `num_accepted + 1` tokens (fewer where a stop token or the token budget cuts the
+last step). Drafts proposed but not verified are never counted. A *drafting* step verified ≥ 1 draft; a
+step with `num_verified = 0` drafted nothing (no n-gram match, a policy that chose not to draft, plain
+decoding) and emits exactly one token.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ class RequestRecord:
     confidence_logits: tuple[tuple[float, ...], ...] = ()  # [steps][num_verified] raw head logits; () without a head
     finish_reason: str = "length"  # "stop" | "length" | "abort" | "error"
     error: str | None = None
+    # True: the steps are every verify step, drafting or not (in-house engine, our server); False: only the
+    # drafting steps (num_verified ≥ 1) are known — vLLM reports no others — so the metrics over all steps
+    # (tokens per target forward, draft coverage) leave this request out
+    all_steps: bool = True
 
     def __post_init__(self) -> None:
         for name in ("token_times_s", "num_verified", "num_accepted"):
@@ -82,6 +89,11 @@ class RequestRecord:
     @property
     def num_steps(self) -> int:
         return len(self.num_verified)
+
+    @property
+    def num_drafting_steps(self) -> int:
+        """Steps that verified ≥ 1 draft (vLLM's `num_drafts`); the others drafted nothing."""
+        return sum(v > 0 for v in self.num_verified)
 
     @property
     def num_drafted(self) -> int:

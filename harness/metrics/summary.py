@@ -47,6 +47,9 @@ def summarise(
     out["acceptance_length"] = acceptance.acceptance_length(ok)
     out["accepted_per_step"] = acceptance.accepted_per_step(ok)
     out["verified_per_step"] = acceptance.verified_per_step(ok)
+    out["draft_coverage"] = acceptance.draft_coverage(ok)
+    out["tokens_per_target_forward"] = acceptance.tokens_per_target_forward(ok)
+    out["budget_cut_tokens"] = acceptance.budget_cut_tokens(ok)
     out["draft_acceptance_rate"] = acceptance.draft_acceptance_rate(ok)
     out["wasted_verification_fraction"] = acceptance.wasted_verification_fraction(ok)
     for k, m in enumerate(acceptance.position_acceptance_unconditional(ok), start=1):

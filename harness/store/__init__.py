@@ -33,7 +33,7 @@ monotonic clock, `*_at` naive UTC timestamps, JSON columns canonical JSON text):
     superseded_cells(run_id, cell_id, repeat, error, log, started_at, finished_at, superseded_at)
     requests(run_id, cell_id, repeat, request_id, prompt_key, sample_index, turn, warmup, prompt_tokens,
              output_tokens, arrival_s, first_token_s, finish_s, finish_reason, error, num_drafts,
-             output_ids INTEGER[])
+             output_ids INTEGER[], all_steps BOOLEAN)   (all_steps: schema 3; NULL before it, read as TRUE)
     request_steps(run_id, cell_id, repeat, request_id, step, num_drafts, num_verified, num_accepted)
     request_tokens(run_id, cell_id, repeat, request_id, token_index, t_s)
     step_confidences(run_id, cell_id, repeat, request_id, step, position (1-based), logit)

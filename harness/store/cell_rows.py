@@ -29,7 +29,7 @@ def result_columns(result: CellResult) -> dict[str, dict[str, list]]:
     """{table: {column: values}} for the raw tables of one cell (without run_id, cell_id, repeat)."""
     requests: dict[str, list] = {name: [] for name in (
         "request_id", "prompt_key", "sample_index", "turn", "warmup", "prompt_tokens", "output_tokens",
-        "arrival_s", "first_token_s", "finish_s", "finish_reason", "error", "num_drafts", "output_ids")}
+        "arrival_s", "first_token_s", "finish_s", "finish_reason", "error", "num_drafts", "output_ids", "all_steps")}
     steps: dict[str, list] = {name: [] for name in (
         "request_id", "step", "num_drafts", "num_verified", "num_accepted")}
     tokens: dict[str, list] = {"request_id": [], "token_index": [], "t_s": []}
@@ -46,7 +46,7 @@ def result_columns(result: CellResult) -> dict[str, dict[str, list]]:
             ("output_tokens", rec.output_tokens), ("arrival_s", rec.arrival_s),
             ("first_token_s", rec.first_token_s), ("finish_s", rec.finish_s),
             ("finish_reason", rec.finish_reason), ("error", rec.error), ("num_drafts", rec.num_drafts),
-            ("output_ids", list(rr.output_ids)),
+            ("output_ids", list(rr.output_ids)), ("all_steps", rec.all_steps),
         ):
             requests[name].append(value)
         num_steps = rec.num_steps
@@ -107,6 +107,7 @@ def build_result(cell_row: dict, tables: dict[str, list[dict]]) -> CellResult | 
             token_times_s=tuple(times_of.get(rid, ())), num_drafts=row["num_drafts"],
             num_verified=tuple(s["num_verified"] for s in steps), num_accepted=tuple(s["num_accepted"] for s in steps),
             confidence_logits=logits, finish_reason=row["finish_reason"], error=row["error"],
+            all_steps=row.get("all_steps") is not False,
         )
         requests.append(RequestResult(
             record=record, prompt_key=row["prompt_key"], sample_index=row["sample_index"], turn=row["turn"],

@@ -111,6 +111,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (3, "runs.metadata: `harness run --metadata KEY=VALUE` pairs; v_runs shows label and metadata", [
         "ALTER TABLE runs ADD COLUMN metadata JSON",  # {"key": "value", …} as canonical JSON; NULL: none given
     ]),
+    (4, "one acceptance definition: requests.all_steps (drafting steps only, or every step, reported)", [
+        # TRUE: request_steps holds every verify step, drafting or not; FALSE: only the drafting steps (vLLM
+        # reports no others); NULL (before v4): read as TRUE. harness.metrics.acceptance, views v_acceptance
+        "ALTER TABLE requests ADD COLUMN all_steps BOOLEAN",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -24,9 +24,12 @@ without a migration (`migrations.py`) and a line in `VIEWS.md`.
     v_ok_steps      their verify steps (the metrics' `ok_steps`): every column of `request_steps`
     v_ok_engine_steps  engine steps with window_start_s <= t_s < window_end_s: every column of `engine_steps`
     v_acceptance    one row per (run, cell, repeat), every cell: run_id, cell_id, repeat, label, status,
-                    requests, steps, drafts_verified, drafts_accepted, acceptance_length (τ, bonus
-                    included: (accepted + steps) / steps), accepted_per_step (accepted / steps),
-                    verified_per_step, draft_acceptance_rate, wasted_verification_fraction
+                    requests, steps (all verify steps), drafts_verified, drafts_accepted, acceptance_length
+                    (τ = 1 + accepted / drafting steps; schema 3, before: over all steps),
+                    accepted_per_step, verified_per_step (per drafting step), draft_acceptance_rate,
+                    wasted_verification_fraction, then (schema 3) drafting_steps (steps that verified
+                    ≥ 1 draft), draft_coverage (drafting / all steps), tokens_per_target_forward
+                    (Σ(accepted + 1) / all steps), both over requests with all_steps; budget_cut_tokens
     v_positions     one row per (run, cell, repeat, position k = 1 … γ), γ = max num_drafts of the ok
                     requests: run_id, cell_id, repeat, position, verified_k (steps with num_verified ≥ k),
                     accepted_k (steps with num_accepted ≥ k), reached_k (steps with num_accepted ≥ k − 1
@@ -106,26 +109,44 @@ VIEWS: dict[str, str] = {
     """,
     "v_acceptance": f"""
         WITH per_cell AS (
-            SELECT {_CELL_KEY}, count(*) AS steps,
-                   sum(num_verified) AS drafts_verified, sum(num_accepted) AS drafts_accepted
-            FROM v_ok_steps GROUP BY {_CELL_KEY}
+            SELECT s.run_id, s.cell_id, s.repeat, count(*) AS steps,
+                   count_if(s.num_verified > 0) AS drafting_steps,
+                   sum(s.num_verified) AS drafts_verified, sum(s.num_accepted) AS drafts_accepted,
+                   count(*) FILTER (WHERE q.all_steps IS NOT FALSE) AS all_steps_steps,
+                   count_if(s.num_verified > 0 AND q.all_steps IS NOT FALSE) AS all_steps_drafting,
+                   sum(s.num_accepted + 1) FILTER (WHERE q.all_steps IS NOT FALSE) AS all_steps_emitted
+            FROM v_ok_steps s JOIN v_ok_requests q USING ({_CELL_KEY}, request_id)
+            GROUP BY s.run_id, s.cell_id, s.repeat
         ), ok_requests AS (
             SELECT {_CELL_KEY}, count(*) AS requests FROM v_ok_requests GROUP BY {_CELL_KEY}
+        ), budget AS (
+            SELECT q.run_id, q.cell_id, q.repeat, count(*) AS budget_requests,
+                   sum(1 + e.emitted - q.output_tokens) AS budget_cut_tokens
+            FROM v_ok_requests q
+            JOIN (SELECT {_CELL_KEY}, request_id, sum(num_accepted + 1) AS emitted
+                  FROM v_ok_steps GROUP BY {_CELL_KEY}, request_id) e USING ({_CELL_KEY}, request_id)
+            WHERE q.finish_reason = 'length' AND q.all_steps IS NOT FALSE
+            GROUP BY q.run_id, q.cell_id, q.repeat
         )
         SELECT c.run_id, c.cell_id, c.repeat, c.label, c.status,
                coalesce(q.requests, 0) AS requests,
                coalesce(p.steps, 0) AS steps,
                coalesce(p.drafts_verified, 0)::BIGINT AS drafts_verified,
                coalesce(p.drafts_accepted, 0)::BIGINT AS drafts_accepted,
-               (p.drafts_accepted + p.steps)::DOUBLE / p.steps AS acceptance_length,
-               p.drafts_accepted::DOUBLE / p.steps AS accepted_per_step,
-               p.drafts_verified::DOUBLE / p.steps AS verified_per_step,
+               1 + p.drafts_accepted::DOUBLE / nullif(p.drafting_steps, 0) AS acceptance_length,
+               p.drafts_accepted::DOUBLE / nullif(p.drafting_steps, 0) AS accepted_per_step,
+               p.drafts_verified::DOUBLE / nullif(p.drafting_steps, 0) AS verified_per_step,
                p.drafts_accepted::DOUBLE / nullif(p.drafts_verified, 0) AS draft_acceptance_rate,
                (p.drafts_verified - p.drafts_accepted)::DOUBLE / nullif(p.drafts_verified, 0)
-                   AS wasted_verification_fraction
+                   AS wasted_verification_fraction,
+               coalesce(p.drafting_steps, 0) AS drafting_steps,
+               p.all_steps_drafting::DOUBLE / nullif(p.all_steps_steps, 0) AS draft_coverage,
+               p.all_steps_emitted::DOUBLE / nullif(p.all_steps_steps, 0) AS tokens_per_target_forward,
+               b.budget_cut_tokens::BIGINT AS budget_cut_tokens
         FROM cells c
         LEFT JOIN per_cell p USING ({_CELL_KEY})
         LEFT JOIN ok_requests q USING ({_CELL_KEY})
+        LEFT JOIN budget b USING ({_CELL_KEY})
     """,
     "v_positions": f"""
         WITH gammas AS (

@@ -55,7 +55,7 @@ OPTIONS: dict[str, dict[str, Option]] = {
                 "max_context": Option((int,), low=16, high=1 << 20), "num_threads": Option((int,), low=1, high=1024)},
     "openai": {"base_url": _STR, "model": _STR, "api_key_env": _STR, "chat": _BOOL, "tokenizer": _STR,
                "timeout_s": _SECONDS, "logprobs": _BOOL, "metrics": _BOOL},
-    "vllm": {**_SERVER, "export_dir": _STR, "draft_layout": Option((str,), choices=("dspark", "dflash")),
+    "vllm": {**_SERVER, "python_env": _STR, "export_dir": _STR, "draft_layout": Option((str,), choices=("dspark", "dflash")),
              "dspark_draft_topk": Option((int,), low=1, high=1 << 20),
              "per_request_spec_decode_metrics": Option((str, bool), choices=("detailed", "summary", "none", False))},
     "sglang": dict(_SERVER),

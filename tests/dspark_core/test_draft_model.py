@@ -254,7 +254,7 @@ def test_sampling_matches_exact_distribution(draft: str, gamma: int, temperature
     assert p > ALPHA, f"{draft} γ={gamma} T={temperature}: samples do not follow the target (χ² p = {p:.2g})"
     for r in results[:500]:
         check_counters(r, config, gamma, has_confidence=False)
-    assert sum(r.counters.num_verified[0] for r in results) == NUM_SAMPLES * min(gamma, 2)
+    assert sum(r.counters.num_verified[0] for r in results) == NUM_SAMPLES * gamma  # the budget caps no draft
     assert 0 < accepted < verified  # drafts were really accepted and rejected
 
 

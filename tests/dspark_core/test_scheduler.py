@@ -421,7 +421,11 @@ def test_greedy_output_equals_plain_decoding(qwen3_target: TargetModel, name: st
     print(f"{name}, {draft} draft: verify lengths {np.bincount(lengths, minlength=5).tolist()} (0 … 4), "
           f"{accepted} drafts accepted")
     if name != "static":
-        assert len(set(lengths)) >= 3, f"{name}: verify lengths do not vary ({set(lengths)}): the test is weak"
+        # the random draft's confidences vary smoothly, so must its verify lengths; the bigram draft's come in
+        # near-0/near-1 runs (one-hot Markov head), where a threshold verifies all or nothing — and the token
+        # budget no longer cuts the last step short (vLLM's rule), so it adds no lengths of its own
+        want = 3 if draft == "random" else 2
+        assert len(set(lengths)) >= want, f"{name}: verify lengths do not vary ({set(lengths)}): the test is weak"
     if draft == "bigram":
         assert accepted >= len(plain) * 3, "the bigram draft should get drafts accepted"
 

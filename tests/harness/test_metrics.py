@@ -3,6 +3,8 @@ round trip from the counters of a real tiny `generate(...)` run."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import numpy as np
@@ -17,6 +19,9 @@ from harness.metrics import (
     RequestRecord,
     StepRecord,
     acceptance_length,
+    budget_cut_tokens,
+    draft_coverage,
+    tokens_per_target_forward,
     accepted_per_step,
     calibration_metrics,
     confidence_table,
@@ -62,8 +67,9 @@ B = req("b", out=4, verified=(2,), accepted=(2,))  # emits 3
 
 
 def test_acceptance_length_is_step_weighted_and_counts_the_bonus():
-    # τ = Σ(a + 1) / steps = (4 + 2 + 1 + 3) / 4 = 2.5; request-averaged would be (7/3 + 3/1) / 2 = 2.67.
+    # τ = 1 + Σa / drafting steps = 1 + 6 / 4 = 2.5; request-averaged would be (7/3 + 3/1) / 2 = 2.67.
     assert acceptance_length([A, B]) == Metric(2.5, "tokens/step", 4)
+    assert tokens_per_target_forward([A, B]).value == 2.5 and draft_coverage([A, B]).value == 1.0
     # τ − 1 = (3 + 1 + 0 + 2) / 4 = 1.5
     assert accepted_per_step([A, B]).value == 1.5
     # verified drafts per step = (3 + 3 + 3 + 2) / 4 = 2.75
@@ -73,11 +79,37 @@ def test_acceptance_length_is_step_weighted_and_counts_the_bonus():
     assert wasted_verification_fraction([A, B]) == Metric(5 / 11, "fraction", 11)
 
 
-def test_plain_decoding_has_tau_one_and_no_positions():
+def test_plain_decoding_has_no_tau_and_no_positions():
     plain = req(out=4, gamma=0, verified=(0, 0, 0), accepted=(0, 0, 0))
-    assert acceptance_length([plain]).value == 1.0
+    assert acceptance_length([plain]) == Metric(None, "tokens/step", 0)  # no drafting step: undefined, as in vLLM
+    assert tokens_per_target_forward([plain]).value == 1.0 and draft_coverage([plain]).value == 0.0
     assert wasted_verification_fraction([plain]) == Metric(None, "fraction", 0)
     assert position_acceptance_unconditional([plain]) == []
+
+
+def test_acceptance_length_counts_drafting_steps_only():
+    """The issue's n-gram cell: 174 steps, 65 of them drafted, 108 drafts accepted. τ over drafting steps
+    (vLLM's convention) is 1 + 108/65; over all steps it was (108 + 174)/174 = 1.62, now
+    tokens_per_target_forward; draft coverage 65/174."""
+    steps = [(3, 2)] * 43 + [(3, 1)] * 22 + [(0, 0)] * 109
+    rec = req(out=1 + 108 + 174, verified=[v for v, _ in steps], accepted=[a for _, a in steps])
+    assert acceptance_length([rec]) == Metric(1 + 108 / 65, "tokens/step", 65)
+    assert accepted_per_step([rec]).value == pytest.approx(108 / 65)
+    assert verified_per_step([rec]).value == 3.0
+    assert tokens_per_target_forward([rec]) == Metric((108 + 174) / 174, "tokens/step", 174)
+    assert draft_coverage([rec]) == Metric(65 / 174, "fraction", 174)
+    # a backend that reports drafting steps only (vLLM): same τ, no all-step metrics
+    vllm = dataclasses.replace(rec, num_verified=(3,) * 65, num_accepted=tuple(a for v, a in steps if v), all_steps=False)
+    assert acceptance_length([vllm]) == acceptance_length([rec])
+    assert tokens_per_target_forward([vllm]).value is None and draft_coverage([vllm]).value is None
+    assert budget_cut_tokens([vllm]) == Metric(0.0, "tokens", 0)
+
+
+def test_budget_cut_tokens_counts_what_the_budget_dropped():
+    # 1 + (4 + 2 + 1) = 8 tokens produced, the budget took 6: 2 cut; a stopped request cuts nothing here
+    cut = req(out=6, verified=(3, 3, 3), accepted=(3, 1, 0))
+    stopped = dataclasses.replace(req("s", out=4, verified=(2,), accepted=(2,)), finish_reason="stop")
+    assert budget_cut_tokens([cut, stopped, B]) == Metric(2.0, "tokens", 2)
 
 
 def test_per_position_forms_differ_when_verify_lengths_vary():
@@ -263,7 +295,10 @@ def test_from_counters_round_trip_from_a_real_generate_run(qwen3_target):
         for i, res in enumerate(results):
             c = res.counters
             # synthetic clock: first token at 0.1 s, step j's a_j + 1 tokens together at 0.1 + 0.01·(j + 1)
-            emissions = [(0.1, 1)] + [(0.1 + 0.01 * (j + 1), a + 1) for j, a in enumerate(c.num_accepted)]
+            emissions, left = [], len(res.output_ids)  # the budget cuts the last step's run
+            for t, n in [(0.1, 1)] + [(0.1 + 0.01 * (j + 1), a + 1) for j, a in enumerate(c.num_accepted)]:
+                emissions.append((t, min(n, left)))
+                left -= emissions[-1][1]
             rec = from_counters(c, request_id=str(i), prompt_tokens=len(res.prompt_ids),
                                 output_tokens=len(res.output_ids), arrival_s=0.0, first_token_s=0.1,
                                 finish_s=emissions[-1][0], emissions=emissions, finish_reason=res.finish_reason)
@@ -272,14 +307,20 @@ def test_from_counters_round_trip_from_a_real_generate_run(qwen3_target):
             records.append(rec)
         emitted = sum(len(r.output_ids) - 1 for r in results)  # all but the prefill token came from steps
         num_steps = sum(r.counters.num_steps for r in results)
-        assert acceptance_length(records).value == pytest.approx(emitted / num_steps)
+        produced = sum(a + 1 for r in records for a in r.num_accepted)  # the budget cuts the last step's run
+        assert emitted + budget_cut_tokens(records).value == produced
+        assert tokens_per_target_forward(records).value == pytest.approx(produced / num_steps)
         assert len(itl_samples(records)) == num_steps  # one emission event per step
+        drafting = sum(r.num_drafting_steps for r in records)
         if drafter.name == "none":
-            assert acceptance_length(records).value == 1.0
+            assert acceptance_length(records).value is None and drafting == 0
         else:
             assert sum(r.num_accepted_drafts for r in records) > 0  # multi-token emissions happened
-        ms = summarise(records, [], MeasurementWindow.after_warmup(records))
-        assert ms.value("acceptance_length") == pytest.approx(emitted / num_steps)
+            tau = 1 + sum(r.num_accepted_drafts for r in records) / drafting
+            assert acceptance_length(records).value == pytest.approx(tau)
+            ms = summarise(records, [], MeasurementWindow.after_warmup(records))
+            assert ms.value("acceptance_length") == pytest.approx(tau)
+            assert ms.value("draft_coverage") == pytest.approx(drafting / num_steps)
 
 
 def test_from_counters_checks_the_histogram():

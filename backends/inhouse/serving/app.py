@@ -19,6 +19,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -127,6 +128,8 @@ class _Exchange:
 
     running: str | None = None
     outcome: str | None = None
+    received_s: float = 0.0  # perf_counter at arrival: the server's TTFT starts here (vLLM: the request's arrival)
+    first_token_sent: bool = False
 
     def finished(self, reason: str) -> None:
         self.running, self.outcome = None, reason
@@ -135,7 +138,7 @@ class _Exchange:
 async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     served = request.app[SERVED]
     served.counters.begin()
-    exchange = _Exchange()
+    exchange = _Exchange(received_s=time.perf_counter())
     try:
         loop = asyncio.get_running_loop()
         data = await _read_body(request, served.limits)
@@ -216,6 +219,9 @@ async def _stream(request: web.Request, served: Served, parsed: ParsedRequest, e
             break
         if kind == "tokens":  # one engine step's tokens: one chunk, sent at once
             await send(chunks.tokens(payload[0]))
+            if not exchange.first_token_sent:
+                exchange.first_token_sent = True
+                served.counters.observe_ttft(time.perf_counter() - exchange.received_s)
             continue
         done = payload[0]
         exchange.finished(done.finish_reason)

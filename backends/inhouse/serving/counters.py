@@ -11,8 +11,12 @@ counts steps and tokens. All under one lock, so a scrape sees a consistent snaps
 
 from __future__ import annotations
 
+import itertools
 import threading
 from dataclasses import dataclass, field
+
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # vLLM's buckets for the same histogram
 
 
 @dataclass
@@ -29,6 +33,10 @@ class Counters:
     in_flight: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # finish reason → requests
     failed: int = 0
+    # TTFT as the server sees it (vLLM's histogram): POST received → first token chunk written, streams only
+    ttft_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS_S))  # per bucket, not cumulative
+    ttft_sum_s: float = 0.0
+    ttft_count: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -49,6 +57,14 @@ class Counters:
                 self.failed += 1
             else:
                 self.finished[finish_reason] = self.finished.get(finish_reason, 0) + 1
+
+    def observe_ttft(self, seconds: float) -> None:
+        with self.lock:
+            self.ttft_sum_s += seconds
+            self.ttft_count += 1
+            bucket = next((i for i, le in enumerate(TTFT_BUCKETS_S) if seconds <= le), None)
+            if bucket is not None:
+                self.ttft_counts[bucket] += 1
 
     # ---------------------------------------------------------------- engine side
 
@@ -93,10 +109,18 @@ class Counters:
                 ("vllm:num_requests_waiting", "gauge", "Requests waiting for a slot.", [(m, waiting)]),
                 ("dspark:http_connections", "gauge", "Open HTTP connections.", [(m, connections)]),
             ]
+            cumulative = list(itertools.accumulate(self.ttft_counts))
+            ttft_sum_s, ttft_count = self.ttft_sum_s, self.ttft_count
         lines = []
         for name, kind, help_text, samples in rows:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
             lines += [f"{name}{{{labels}}} {float(value)}" for labels, value in samples]
+        name = "vllm:time_to_first_token_seconds"
+        lines += [f"# HELP {name} Time to first token (request received to first token chunk written).",
+                  f"# TYPE {name} histogram"]
+        lines += [f'{name}_bucket{{{m},le="{le}"}} {float(n)}' for le, n in zip(TTFT_BUCKETS_S, cumulative)]
+        lines += [f'{name}_bucket{{{m},le="+Inf"}} {float(ttft_count)}',
+                  f"{name}_sum{{{m}}} {ttft_sum_s}", f"{name}_count{{{m}}} {float(ttft_count)}"]
         return "\n".join(lines) + "\n"
 
 

@@ -48,10 +48,14 @@ def test_counter_metrics_follow_vllm_conventions():
     assert m["draft_acceptance_rate"].value == pytest.approx(20 / 30)
     assert [m[f"position_acceptance_unconditional_k{k}"].value for k in (1, 2, 3)] == pytest.approx([0.9, 0.7, 0.4])
     assert [m[f"position_acceptance_conditional_k{k}"].value for k in (1, 2, 3)] == pytest.approx([0.9, 7 / 9, 4 / 7])
-    # verify lengths that vary: no per-position numbers; with the steps counter, τ over every step
+    assert "draft_coverage" not in m and "tokens_per_target_forward" not in m  # vLLM counts drafting steps only
+    # verify lengths that vary: no per-position numbers; τ over drafting steps still, and the steps counter
+    # (our server) adds coverage and tokens per target forward over every step
     varied = SpecCounts(drafts=10, draft_tokens=25, accepted=20, accepted_per_pos=(9, 7, 4), steps=12)
     m = varied.metrics(num_drafts=3)
-    assert "position_acceptance_unconditional_k1" not in m and m["acceptance_length"].value == pytest.approx(32 / 12)
+    assert "position_acceptance_unconditional_k1" not in m and m["acceptance_length"].value == pytest.approx(3.0)
+    assert m["draft_coverage"].value == pytest.approx(10 / 12)
+    assert m["tokens_per_target_forward"].value == pytest.approx(32 / 12)
 
 
 def _record(rid, verified, accepted, gamma=3):
@@ -65,7 +69,8 @@ def test_counts_from_records_agree_with_the_harness_metrics():
     assert counts == SpecCounts(drafts=4, draft_tokens=11, accepted=6, accepted_per_pos=(3, 2, 1), steps=5)
     harness = summarise(records, [], MeasurementWindow(0.0, 2.0))
     mine = counts.metrics(3)
-    for name in ("acceptance_length", "accepted_per_step", "verified_per_step", "draft_acceptance_rate"):
+    for name in ("acceptance_length", "accepted_per_step", "verified_per_step", "draft_acceptance_rate",
+                 "draft_coverage", "tokens_per_target_forward"):
         assert mine[name].value == pytest.approx(harness[name].value), name
 
 

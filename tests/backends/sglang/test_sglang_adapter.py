@@ -6,6 +6,8 @@ SGLang has no CPU build; `scripts/gpu_sglang_check.sh` runs the real server on a
 
 from __future__ import annotations
 
+import functools
+
 import json
 import shutil
 import socket
@@ -16,7 +18,7 @@ import pytest
 
 from backends.base import BackendError
 from backends.openai.client import ApiRequest, Endpoint, Load, run_openai_load
-from backends.sglang.client import generate_body, spec_usage, stream_generate
+from backends.sglang.client import astream_generate, generate_body, spec_usage, stream_generate
 from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
 FAKE = Path(__file__).resolve().parent / "fake_engine_server.py"
@@ -107,7 +109,7 @@ def test_stream_generate_reads_steps_and_tokens(fake_sglang):
         record = r.record(num_drafts=3)
         assert sorted(record.num_accepted) == [0, 1, 2, 2, 3] and record.num_verified == (3,) * 5
         responses = run_openai_load(endpoint, [ApiRequest(f"{i}:0", [i], 8) for i in range(4)], Load(concurrency=2),
-                                    send=lambda e, q, c, a: stream_generate(e, q, c, a, num_drafts=3))
+                                    send=functools.partial(astream_generate, num_drafts=3))
         assert sorted(x.request.request_id for x in responses) == ["0:0", "1:0", "2:0", "3:0"]
         assert all(x.error is None for x in responses)
         bad = stream_generate(Endpoint(f"http://127.0.0.1:{_port()}"), ApiRequest("x", [1], 4))

@@ -216,3 +216,19 @@ def test_per_request_usage_reads_vllms_detailed_block():
                                      "num_spec_steps": 0, "num_accepted_draft_tokens": 0, "num_draft_tokens": 0,
                                      "num_spec_tokens": 3}}
     assert per_request_steps(per_request_usage(none), 3) == (3, (), ())
+
+
+def test_the_interpreter_may_come_from_an_environment_variable(monkeypatch, tmp_path):
+    """`python_env` names a variable that, when set, overrides `python` (CI and a workstation keep vLLM in
+    different places; the suite stays data); unset, `python` applies, then this interpreter."""
+    options = {"python": "/opt/vllm/bin/python", "python_env": "DSPARK_TEST_VLLM_PYTHON"}
+    monkeypatch.delenv("DSPARK_TEST_VLLM_PYTHON", raising=False)
+    assert server_argv(_cell(), options)[0] == "/opt/vllm/bin/python"
+    monkeypatch.setenv("DSPARK_TEST_VLLM_PYTHON", str(tmp_path / "venv" / "python"))
+    assert server_argv(_cell(), options)[0] == str(tmp_path / "venv" / "python")
+    assert server_argv(_cell(), {})[0] == sys.executable
+    from backends.base import BackendUnavailable
+    from backends.vllm.adapter import VLLMBackend
+
+    with pytest.raises(BackendUnavailable, match=r"\$DSPARK_TEST_VLLM_PYTHON .* does not exist"):
+        VLLMBackend(**options).check(_cell())

@@ -13,9 +13,10 @@ Each check starts a real vLLM server through `VLLMBackend` (eager, no compilatio
 on 3 short GSM8K prompts (32 new tokens), γ = 3, greedy, and compares with `dspark_core.generate` on the
 same prompt ids. The DSpark-layout checks run vLLM's V2 model runner through the test-only Triton shim
 in `triton_cpu_shim/` (a `cpu` Triton backend, kernels interpreted; VLLM_DSPARK.md). Acceptance is
-compared as integers — drafting steps, drafts verified, drafts accepted, summed over the prompts — in
-vLLM's convention (a step counts only if it verified ≥ 1 draft; τ = (accepted +
-steps) / steps), the in-house per-step counts restricted to such steps.
+compared as integers — drafting steps, drafts verified, drafts accepted, summed over the prompts — under
+the one definition both engines share (`harness.metrics.acceptance`: a step counts only if it verified
+≥ 1 draft, τ = 1 + accepted / drafting steps; both draft γ up to the last step), the in-house per-step
+counts restricted to such steps.
 
 What the checks establish (see also dspark_core/export_vllm.py):
 - every cell: vLLM's greedy outputs = plain decoding = ours;
@@ -138,39 +139,22 @@ def inhouse():
 
 
 def _generate(inhouse, drafter):
-    """Our engine, one prompt at a time (concurrency 1), with γ + 1 tokens of headroom past the cell's
-    limit: our loop drafts at most (tokens left − 1) per step, vLLM drafts γ up to its last step and
-    drops what overshoots, so the steps that compare are those until the output reaches the limit
-    (`_steps`); outputs compare on their first MAX_NEW_TOKENS tokens."""
+    """Our engine, one prompt at a time (concurrency 1), at the cell's token limit: like vLLM it drafts γ up
+    to the last step and cuts the emission to the limit (`dspark_core.generate`), so every step compares."""
     from dspark_core.generate import GenerationConfig, generate
 
     target, prompts, stops = inhouse
     layer_ids = tuple(getattr(drafter, "target_layer_ids", ()) or ())
     if target.layer_ids != layer_ids:
         target.set_layer_ids(layer_ids)
-    config = GenerationConfig(max_new_tokens=MAX_NEW_TOKENS + GAMMA + 1, num_drafts=GAMMA, temperature=0.0,
-                              stop_token_ids=stops)
-    results = [generate(target, drafter, [p], config)[0] for p in prompts]
-    for r in results:
-        r.output_ids = r.output_ids[:MAX_NEW_TOKENS]
-    return results
-
-
-def _steps(result) -> list[tuple[int, int]]:
-    """The (verified, accepted) steps vLLM would run with max_tokens = MAX_NEW_TOKENS: until the output
-    (first token from prefill, then a + 1 per step) reaches the limit."""
-    out, emitted = [], 1
-    for v, a in zip(result.counters.num_verified, result.counters.num_accepted):
-        if emitted >= MAX_NEW_TOKENS:
-            break
-        out.append((v, a))
-        emitted += a + 1
-    return out
+    config = GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, num_drafts=GAMMA, temperature=0.0, stop_token_ids=stops)
+    return [generate(target, drafter, [p], config)[0] for p in prompts]
 
 
 def _counts(results) -> dict[str, int]:
-    """vLLM's counters over our per-step counts: only steps that verified ≥ 1 draft."""
-    pairs = [(v, a) for r in results for v, a in _steps(r) if v > 0]
+    """vLLM's counters over our per-step counts: only steps that verified ≥ 1 draft (the one definition's
+    drafting steps, `harness.metrics.acceptance`)."""
+    pairs = [(v, a) for r in results for v, a in zip(r.counters.num_verified, r.counters.num_accepted) if v > 0]
     return {"drafts": len(pairs), "draft_tokens": sum(v for v, _ in pairs), "accepted": sum(a for _, a in pairs)}
 
 
@@ -400,26 +384,12 @@ def test_dspark_layout_matches_inhouse_exactly(vllm_v2_backend, inhouse, plain, 
 
 @pytest.fixture(scope="module")
 def truncated_target(tmp_path_factory) -> str:
-    """The embedded target's first 2 of 5 decoder layers with its embeddings, norm, LM head and tokenizer,
-    saved as an ordinary Hugging Face checkpoint: a smaller LM with the target's vocabulary that agrees
-    with the target often but not always."""
-    import copy
+    """The embedded target's first 2 of 5 decoder layers as an ordinary Hugging Face checkpoint
+    (`harness.embedded.truncated`): a smaller LM with the target's vocabulary that agrees with the target
+    often but not always."""
+    from harness.embedded.truncated import truncate_target
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from harness import model_refs
-
-    location = model_refs.resolve("embedded").location
-    target = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32)
-    config = copy.deepcopy(target.config)
-    config.num_hidden_layers, config.layer_types = 2, config.layer_types[:2]
-    draft = type(target)(config).eval()
-    missing, _ = draft.load_state_dict(target.state_dict(), strict=False)
-    assert not missing, missing
-    directory = tmp_path_factory.mktemp("draft_model") / "embedded-2-layers"
-    draft.save_pretrained(directory)
-    AutoTokenizer.from_pretrained(location).save_pretrained(directory)
-    return str(directory)
+    return str(truncate_target(tmp_path_factory.mktemp("draft_model") / "embedded-2-layers", 2))
 
 
 @pytest.mark.parametrize("draft", ["embedded", "truncated"])

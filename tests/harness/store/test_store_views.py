@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -9,11 +10,15 @@ import pytest
 from harness.metrics import (
     acceptance_length,
     accepted_per_step,
+    budget_cut_tokens,
     draft_acceptance_rate,
+    draft_coverage,
     position_acceptance_conditional,
     position_acceptance_unconditional,
     requests_in,
     succeeded,
+    summarise,
+    tokens_per_target_forward,
     verified_per_step,
     wasted_verification_fraction,
 )
@@ -35,8 +40,10 @@ def recorded():
         spec4 = make_result(seed=20 + repeat, gamma=4, plain=plain)
         spec3 = make_result(seed=30 + repeat, gamma=3, confidences=False, plain=plain)
         lone = make_result(seed=40 + repeat, gamma=4)
+        mixed = drafting_steps_only_and_cut(make_result(seed=50 + repeat, gamma=3, confidences=False), plain)
         for cell, result in ((make_cell("none"), plain), (make_cell("dspark", 4), spec4),
-                             (make_cell("dflash", 3), spec3), (make_cell("dspark", 4, concurrency=8), lone)):
+                             (make_cell("dflash", 3), spec3), (make_cell("dspark", 4, concurrency=8), lone),
+                             (make_cell("ngram", 3), mixed)):
             store.record_cell(run_id, cell, repeat, result=result, error=None, started_at=T0, finished_at=T0,
                               comparability_key="k")
             cells[(cell.cell_id, repeat)] = (cell, result)
@@ -44,6 +51,23 @@ def recorded():
                           finished_at=T0, comparability_key="k")
     yield store, run_id, cells
     store.close()
+
+
+def drafting_steps_only_and_cut(result, plain):
+    """The result as a vLLM-like backend would report half its requests (drafting steps only,
+    `all_steps` false), and every third request's last step cut by 1 token at the budget."""
+    requests = []
+    for i, rr in enumerate(result.requests):
+        rec = rr.record
+        if i % 2:
+            steps = [(v, a) for v, a in zip(rec.num_verified, rec.num_accepted) if v > 0]
+            rec = dataclasses.replace(rec, num_verified=tuple(v for v, _ in steps),
+                                      num_accepted=tuple(a for _, a in steps), confidence_logits=(), all_steps=False)
+        elif i % 3 == 0 and rec.output_tokens > 1 and not rec.failed:
+            rec = dataclasses.replace(rec, output_tokens=rec.output_tokens - 1, token_times_s=rec.token_times_s[:-1])
+        requests.append(dataclasses.replace(rr, record=rec, output_ids=rr.output_ids[: rec.output_tokens]))
+    records = [r.record for r in requests]
+    return dataclasses.replace(result, requests=requests, metrics=summarise(records, result.steps, result.window, plain=plain.metrics))
 
 
 def ok_records(result):
@@ -59,14 +83,23 @@ def test_v_acceptance_equals_the_python_metrics(recorded):
         row, ok = by_key[key], ok_records(result)
         assert row["requests"] == len(ok)
         assert row["steps"] == sum(r.num_steps for r in ok)
-        assert row["acceptance_length"] == acceptance_length(ok).value  # τ, bonus included
+        assert row["drafting_steps"] == sum(r.num_drafting_steps for r in ok)
+        assert row["acceptance_length"] == acceptance_length(ok).value  # τ = 1 + accepted / drafting steps
         assert row["accepted_per_step"] == accepted_per_step(ok).value
         assert row["verified_per_step"] == verified_per_step(ok).value
         assert row["draft_acceptance_rate"] == draft_acceptance_rate(ok).value
         assert row["wasted_verification_fraction"] == wasted_verification_fraction(ok).value
+        assert row["draft_coverage"] == draft_coverage(ok).value
+        assert row["tokens_per_target_forward"] == tokens_per_target_forward(ok).value
+        assert (row["budget_cut_tokens"] or 0) == budget_cut_tokens(ok).value
         assert row["acceptance_length"] == result.metrics.value("acceptance_length")
-        if row["steps"]:
+        if row["drafting_steps"]:
             assert row["acceptance_length"] == pytest.approx(row["accepted_per_step"] + 1)
+    ngram = [by_key[(c.cell_id, rep)] for (c, _), (_, rep) in zip(cells.values(), cells) if c.drafter.method == "ngram"]
+    assert ngram and all(r["budget_cut_tokens"] > 0 and r["steps"] > r["drafting_steps"] for r in ngram)
+    plain = [by_key[k] for k, (c, _) in cells.items() if c.drafter.method == "none"]
+    assert all(r["steps"] > 0 and r["drafting_steps"] == 0 and r["acceptance_length"] is None
+               and r["draft_coverage"] == 0.0 and r["tokens_per_target_forward"] == 1.0 for r in plain)
     failed = [r for r in by_key.values() if r["status"] == "failed"]
     assert len(failed) == 2 and all(r["steps"] == 0 and r["acceptance_length"] is None for r in failed)
 
