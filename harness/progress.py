@@ -78,6 +78,9 @@ def format_summary(outcome) -> str:
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
     failed = [(label, status) for label, status, _ in rows if status != "ok"]
     lines += [f"{label}: {status}" for label, status in failed]
+    from harness.metrics.speedup import summary_lines  # h4a: paired per-round speedups and notes
+
+    lines += summary_lines(getattr(outcome, "speedups", [])) + list(getattr(outcome, "notes", []))
     lines.append(f"cost: {outcome.gpu_seconds:.1f} GPU-seconds, {outcome.cpu_seconds:.1f} CPU-seconds "
                  "(wall time × reserved resources)")
     state = "interrupted — finish it with --resume " + str(outcome.run_id) if outcome.interrupted else "finished"

@@ -16,8 +16,8 @@ from harness.gate.report import Comparison, ExitCode, GateReport
 from harness.gate.stats import Estimate
 
 FORMATS = ("text", "markdown", "junit")
-_ORDER = {"regression": 0, "improvement": 1, "inconclusive": 2, "pass": 3}
-_ICON = {"regression": "❌", "improvement": "🟢", "inconclusive": "❔", "pass": "✅"}
+_ORDER = {"regression": 0, "improvement": 1, "invalid": 2, "unstable": 3, "inconclusive": 4, "pass": 5}
+_ICON = {"regression": "❌", "improvement": "🟢", "invalid": "⛔", "unstable": "〰", "inconclusive": "❔", "pass": "✅"}
 
 
 def _minus(text: str) -> str:
@@ -162,8 +162,8 @@ def to_junit(report: GateReport) -> str:
         line = comparison_line(c)
         if c.blocking:
             ET.SubElement(tc, "failure", type="regression", message=line).text = c.reason
-        elif c.verdict == "inconclusive":
-            ET.SubElement(tc, "skipped", message=f"inconclusive: {c.reason}")
+        elif c.verdict in ("inconclusive", "unstable", "invalid"):
+            ET.SubElement(tc, "skipped", message=f"{c.verdict}: {c.reason}")
         else:
             ET.SubElement(tc, "system-out").text = f"{line}\n{c.reason}"
     for m in report.unmatched:

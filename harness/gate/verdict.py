@@ -19,7 +19,9 @@ from __future__ import annotations
 from harness.gate.rules import GateRule
 from harness.gate.stats import Estimate
 
-VERDICTS = ("regression", "improvement", "inconclusive", "pass")
+# unstable: the plain baseline of the cell's group drifted between rounds (harness.metrics.speedup);
+# invalid: a round of the cell failed validation (`v_rounds`). Both are reported, never pass or fail.
+VERDICTS = ("regression", "improvement", "inconclusive", "unstable", "invalid", "pass")
 DIRECTIONS = ("higher", "lower")
 LEVELS = ("fail", "warn")
 

@@ -108,6 +108,10 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "ALTER TABLE cells ADD COLUMN gpu_seconds DOUBLE",  # the cell's wall time × reserved GPUs
         "ALTER TABLE cells ADD COLUMN cpu_seconds DOUBLE",  # the cell's wall time × reserved CPUs
     ]),
+    (3, "interleaved rounds: cells.round_slot; views v_rounds (per-round validity), v_speedup_summary", [
+        # the cell's position in its round (0: measured first); repeats are rounds, rotated per round
+        "ALTER TABLE cells ADD COLUMN round_slot INTEGER",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
