@@ -32,7 +32,9 @@ def num(x: float | None) -> str:
 
 
 def change(x: float | None, scale: str) -> str:
-    """A signed change: +1.2% (relative) or +0.0041 (absolute)."""
+    """A signed change: +1.2% (relative) or +0.0041 (absolute); ±∞ for an unbounded interval end."""
+    if x is not None and math.isinf(x):
+        return "+∞" if x > 0 else "−∞"
     if x is None or not math.isfinite(x):
         return "n/a"
     return _minus(f"{100 * x:+.1f}%" if scale == "relative" else f"{x:+.3g}")
