@@ -220,7 +220,7 @@ class Defaults(Section):
     rate: Rate | None = None
     seed: Annotated[int, Field(ge=0)] = 0
     warmup: Annotated[int, Field(ge=0)] = 0  # first conversations of a cell run but not measured
-    repeats: Annotated[int, Field(ge=1)] = 1  # runs of each cell (Mann-Whitney gates compare repeats)
+    repeats: Annotated[int, Field(ge=1)] = 1  # rounds: each cell once per round, interleaved (harness.runner)
 
     @model_validator(mode="after")
     def _check(self) -> Defaults:
