@@ -284,9 +284,10 @@ def _accepts(function, name: str) -> bool:
     import inspect
 
     try:
-        return name in inspect.signature(function).parameters
+        parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):
         return False
+    return name in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def paired_speedups(store, run_id: str) -> list[tuple[str, object]]:
