@@ -243,6 +243,9 @@ def format_closing(outcome, context: RunContext | None = None) -> str:
     context = context or RunContext()
     _, body, failed = _table_rows(outcome)
     lines = [f"FAILED {label}: {status.partition(': ')[2]}" for label, status in failed]
+    from harness.metrics.speedup import summary_lines  # paired per-round speedups, their intervals and drift
+
+    lines += summary_lines(getattr(outcome, "speedups", [])) + list(getattr(outcome, "notes", []))
     lines.append(f"cost: {outcome.gpu_seconds:.1f} GPU-seconds, {outcome.cpu_seconds:.1f} CPU-seconds "
                  "(wall time × reserved resources)")
     run_id = outcome.run_id

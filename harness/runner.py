@@ -1,7 +1,15 @@
 """`harness run`: a suite's cells, each measured by its backend and recorded in the store as it finishes.
 
-The order of work is fixed by the suite: cells in expansion order, all cells of repeat 0 before any of
-repeat 1 (so slow drifts of a shared machine spread over every cell instead of biasing the last ones).
+Repeats are rounds (asv's interleaved rounds). Cells that share a baseline — the plain cell and the
+speculative cells of the same backend, target, task, temperature, load point and seed (`baseline_key`)
+— form a family, and each round measures every cell of every family once: a family's cells back to
+back, in an order that rotates by one per round, so the plain cell and each speculative cell of one round
+saw nearly the same machine and their ratio is paired in time (`harness.metrics.speedup`). Server
+backends interleave at the server-config level: a unit is a server config (`server_config_key`, the
+backends' interface agreed with h1) with all its load points, run while its server is up; units that
+share a baseline form the family and rotate. `plan` fixes the whole order up front, so a resumed run
+continues at the round and cell it stopped at. At the end, every speculative cell's per-round ratios are
+validated and summarised (`v_rounds`, `v_speedup_summary`), with the unstable and invalid ones named.
 Each cell is one store transaction: a kill or Ctrl-C loses at most the cell in flight, and
 `--resume RUN_ID` runs the cells the run has no successful record of: those never reached and those that
 failed (the failed attempt's error is kept in the store's `superseded_cells`). A cell that raises is
@@ -18,7 +26,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from harness.cells import Cell
 
@@ -50,6 +58,8 @@ class RunOutcome:
     run_id: str | None
     outcomes: list[CellOutcome]
     interrupted: bool = False
+    speedups: list[tuple[str, object]] = field(default_factory=list)  # (label, harness.metrics.speedup.PairedSpeedup)
+    notes: list[str] = field(default_factory=list)  # warnings shown with the summary (gates that cannot fire)
 
     @property
     def gpu_seconds(self) -> float:
@@ -69,9 +79,81 @@ class RunOutcome:
 SUMMARY_METRICS = ("acceptance_length", "throughput", "ece_calibrated", "ttft_p50", "tpot_p50")
 
 
-def plan(cells: Sequence[Cell], repeats: int) -> list[tuple[Cell, int]]:
-    """(cell, repeat) in execution order: every cell of repeat 0, then repeat 1, …"""
-    return [(cell, repeat) for repeat in range(repeats) for cell in cells]
+def baseline_key(cell: Cell) -> str:
+    """What a speculative cell is compared with plain decoding on (the pairing of `v_speedup`): the same
+    backend, target, task (its whole spec), temperature, load point and seed."""
+    import json
+
+    task = cell.params()["task"]
+    return json.dumps([cell.backend, cell.target.name, task, cell.concurrency, cell.rate, cell.seed], sort_keys=True)
+
+
+def families(cells: Sequence[Cell], server_key: Mapping[str, str | None] | None = None) -> list[list[list[Cell]]]:
+    """Cells as families of units, in first-appearance order. A unit runs back to back: one cell, or
+    every cell of one server config (`server_key[cell_id]`, None: in process). A family is the units
+    linked by a shared baseline (connected components over `baseline_key`): what rotates in a round."""
+    server_key = server_key or {}
+    units: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        key = server_key.get(cell.cell_id)
+        units.setdefault(("server", cell.backend, key) if key is not None else ("cell", cell.cell_id), []).append(cell)
+    parent = {unit: unit for unit in units}
+
+    def root(unit):
+        while parent[unit] != unit:
+            parent[unit] = parent[parent[unit]]
+            unit = parent[unit]
+        return unit
+
+    first_unit: dict[str, tuple] = {}
+    for unit, members in units.items():
+        for cell in members:
+            other = first_unit.setdefault(baseline_key(cell), unit)
+            parent[root(unit)] = root(other)
+    grouped: dict[tuple, list[list[Cell]]] = {}
+    for unit, members in units.items():
+        grouped.setdefault(root(unit), []).append(members)
+    return list(grouped.values())
+
+
+def plan(cells: Sequence[Cell], repeats: int,
+         server_key: Mapping[str, str | None] | None = None) -> list[tuple[Cell, int]]:
+    """(cell, round) in execution order: round 0, then round 1, …; in round r every family's units in
+    their order rotated by r (module docstring)."""
+    work = []
+    groups = families(cells, server_key)
+    for repeat in range(repeats):
+        for units in groups:
+            shift = repeat % len(units)
+            for unit in units[shift:] + units[:shift]:
+                work += [(cell, repeat) for cell in unit]
+    return work
+
+
+def round_slots(work: Sequence[tuple[Cell, int]]) -> dict[tuple[str, int], int]:
+    """(cell id, round) → its position in the round (0: measured first), stored as `cells.round_slot`."""
+    slots: dict[tuple[str, int], int] = {}
+    count: dict[int, int] = {}
+    for cell, repeat in work:
+        slots[(cell.cell_id, repeat)] = count.get(repeat, 0)
+        count[repeat] = count.get(repeat, 0) + 1
+    return slots
+
+
+def check_gates(suite, suite_path, num_repeats: int | None = None) -> list[str]:
+    """RunError when a gate of the suite cannot reach significance with the suite's rounds (repeats);
+    with an override `num_repeats` (--repeats) below what a gate needs, the warnings to show instead."""
+    from harness.gate.rules import rounds_needed
+
+    short = [(rule, need) for rule in suite.gates if (need := rounds_needed(rule)) and need > suite.repeats]
+    if short:
+        raise RunError(f"{suite_path}: " + "; ".join(
+            f"gate {rule.metric} ({rule.test}, alpha {rule.alpha:g}, min_samples {rule.min_samples}) needs "
+            f"repeats >= {need} (rounds), the suite has {suite.repeats}" for rule, need in short))
+    if num_repeats is None:
+        return []
+    return [f"warning: with {num_repeats} rounds gate {rule.metric} ({rule.test}) cannot fire: it needs {need}"
+            for rule in suite.gates if (need := rounds_needed(rule)) and need > num_repeats]
 
 
 def load_cells(suite_path: str | Path, only: Sequence[str] = (), check_files: bool = True, overrides=None):
@@ -92,6 +174,7 @@ def load_cells(suite_path: str | Path, only: Sequence[str] = (), check_files: bo
         raise RunError(f"{suite_path}: {exc}") from None
     if not cells:
         raise RunError(f"{suite_path}: no cells to run" + (f" after --only {' '.join(only)}" if only else ""))
+    check_gates(suite, suite_path)
     if check_files:
         check_data(suite_path, cells)
     return suite, cells
@@ -135,7 +218,7 @@ def run_suite(
     num_repeats = repeats if repeats is not None else suite.repeats
     if num_repeats < 1:
         raise RunError(f"--repeats must be >= 1, got {num_repeats}")
-    work = plan(cells, num_repeats)
+    notes = check_gates(suite, suite_path, num_repeats)
     if resume is not None and not Path(db_path).is_file():  # a typo must not leave an empty store behind
         raise RunError(f"--resume {resume}: there is no store at {db_path}, so no such run (check --db)")
     try:
@@ -151,6 +234,8 @@ def run_suite(
         if resume is not None:
             run_id = _check_resumable(store, resume, suite)
             done = {key for key, status in store.cell_status(run_id).items() if status == "ok"}
+            if repeats is None:  # the rounds the run planned, so it continues where it stopped
+                num_repeats = store.run(run_id).get("repeats") or num_repeats
             store.set_run_status(run_id, "running")
         else:
             sha, branch, dirty = provenance.git_info(Path(suite_path).resolve().parent)
@@ -160,7 +245,21 @@ def run_suite(
                 host=host, packages=packages, argv=list(argv), repeats=num_repeats, label=label,
                 metadata=dict(metadata or {}),
             ))
-        outcome = RunOutcome(run_id, [])
+        from harness.executors import get_executor, reserved
+
+        from harness import redaction
+
+        def options_for(cell: Cell) -> dict:
+            options = (backend_options or {}) | dict(suite.backend_options.get(cell.backend, {}))
+            redaction.register_from_options(options)  # api_key_env's value never reaches a row
+            return options
+
+        outcome = RunOutcome(run_id, [], notes=notes)
+        runner = executor if executor is not None else get_executor("local")
+        prepare = getattr(runner, "prepare", None)  # server configs of the cells; plan_servers (TEAM.md)
+        server_key = prepare(cells, options_for) if prepare else None
+        work = plan(cells, num_repeats, server_key)
+        slots = round_slots(work)
         display.start(run_id, suite, len(work), resumed=resume is not None)
         todo = []
         for cell, repeat in work:
@@ -171,25 +270,18 @@ def run_suite(
                 todo.append((cell, repeat))
         getattr(display, "planned", lambda work: None)(todo)  # the ETA's one hook (harness.progress)
 
-        from harness import redaction
-
-        def options_for(cell: Cell) -> dict:
-            options = (backend_options or {}) | dict(suite.backend_options.get(cell.backend, {}))
-            redaction.register_from_options(options)  # api_key_env's value never reaches a row
-            return options
-
-        from harness.executors import get_executor, reserved
-
         def resources_for(cell: Cell) -> dict:
             return reserved(suite.resources.get(cell.backend))
 
-        runner = executor if executor is not None else get_executor("local")
+        family = {cell.cell_id: i for i, units in enumerate(families(cells, server_key)) for unit in units for cell in unit}
+        chained = {"chain_for": lambda cell: family[cell.cell_id]} if _accepts(runner.run, "chain_for") else {}
         completed = False
         try:
             with _signals_interrupt() as held:
-                for cell_run in runner.run(todo, options_for, display, resources_for=resources_for):
+                for cell_run in runner.run(todo, options_for, display, resources_for=resources_for, **chained):
                     with held():  # a signal while a finished cell is written: write it, then stop
-                        result = _record(store, run_id, cell_run, host_fp, packages, resources_for)
+                        result = _record(store, run_id, cell_run, host_fp, packages, resources_for,
+                                         slots.get((cell_run.cell.cell_id, cell_run.repeat)))
                         outcome.outcomes.append(result)
                         display.cell_finished(result)
             completed = True
@@ -203,8 +295,51 @@ def run_suite(
                 store.finish_run(run_id, "interrupted" if outcome.interrupted else "finished")
             except (Interrupted, KeyboardInterrupt):  # a second Ctrl-C while closing: stop now, --resume finishes it
                 outcome.interrupted = True
+        outcome.speedups = paired_speedups(store, run_id)
         display.finish(outcome)
         return outcome
+
+
+def _accepts(function, name: str) -> bool:
+    import inspect
+
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def paired_speedups(store, run_id: str) -> list[tuple[str, object]]:
+    """(label, PairedSpeedup) per speculative cell of the run: its per-round ratios over plain decoding
+    (`v_speedup`), every round of both cells validated first (`v_rounds`), summarised with its interval
+    and drift (harness.metrics.speedup; `v_speedup_summary` is the same in SQL)."""
+    from harness.metrics.speedup import RoundPair, paired_speedup
+
+    _, rows = store.query("""
+        SELECT v.cell_id, v.plain_cell_id, v.repeat, v.throughput, v.plain_throughput,
+               concat_ws('; ', rs.problems, 'plain: ' || rp.problems) AS problems
+        FROM v_speedup v
+        JOIN v_rounds rs ON rs.run_id = v.run_id AND rs.cell_id = v.cell_id AND rs.repeat = v.repeat
+        JOIN v_rounds rp ON rp.run_id = v.run_id AND rp.cell_id = v.plain_cell_id AND rp.repeat = v.repeat
+        WHERE v.run_id = ? ORDER BY v.cell_id, v.repeat""", [run_id])
+    _, cells = store.query("SELECT DISTINCT cell_id, label FROM cells WHERE run_id = ? AND method <> 'none' "
+                           "ORDER BY label", [run_id])
+    _, failed = store.query("SELECT cell_id, repeat FROM cells WHERE run_id = ? AND status <> 'ok'", [run_id])
+    planned = (store.run(run_id) or {}).get("repeats") or 1
+    pairs: dict[str, list] = {}
+    for cell_id, _plain, repeat, spec, plain, problems in rows:
+        pairs.setdefault(cell_id, []).append(RoundPair(int(repeat), spec, plain, tuple(filter(None, [problems]))))
+    failed_rounds = {}
+    for cell_id, repeat in failed:
+        failed_rounds.setdefault(cell_id, []).append(int(repeat))
+    out = []
+    for cell_id, label in cells:
+        rounds = pairs.get(cell_id, [])
+        rounds += [RoundPair(r, None, None, ("failed",)) for r in failed_rounds.get(cell_id, [])]
+        if rounds or failed_rounds.get(cell_id):
+            out.append((label, paired_speedup(rounds, planned)))
+    return out
 
 
 def _check_resumable(store, run_id: str, suite) -> str:
@@ -217,7 +352,8 @@ def _check_resumable(store, run_id: str, suite) -> str:
     return run_id
 
 
-def _record(store, run_id: str, cell_run, host_fp: str, packages: dict, resources_for) -> CellOutcome:
+def _record(store, run_id: str, cell_run, host_fp: str, packages: dict, resources_for,
+            round_slot: int | None = None) -> CellOutcome:
     """Write one finished cell (the driver is the store's only writer) and summarise it for the display.
     Cost: the cell's wall time × what the executor reserved for it (else what the suite declares)."""
     from harness import provenance
@@ -230,7 +366,8 @@ def _record(store, run_id: str, cell_run, host_fp: str, packages: dict, resource
     gpu_s, cpu_s = cell_run.wall_s * resources["num_gpus"], cell_run.wall_s * resources["num_cpus"]
     store.record_cell(run_id, cell, cell_run.repeat, result=result, error=error,
                       started_at=cell_run.started_at, finished_at=cell_run.finished_at, comparability_key=key,
-                      log=log, resources=resources, gpu_seconds=gpu_s, cpu_seconds=cpu_s)
+                      log=log, resources=resources, gpu_seconds=gpu_s, cpu_seconds=cpu_s,
+                      round_slot=round_slot)
     metrics = {m: result.metrics.value(m) for m in SUMMARY_METRICS} if result is not None else {}
     status = "failed" if error else "ok"
     return CellOutcome(cell, cell_run.repeat, status, error, cell_run.wall_s, metrics, gpu_s, cpu_s)

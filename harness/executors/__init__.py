@@ -19,7 +19,9 @@ class Executor(Protocol):
     def run(self, work: Sequence[tuple[Cell, int]], options_for: Callable[[Cell], dict], display,
             resources_for: Callable[[Cell], dict] | None = None) -> Iterator[CellRun]:
         """Run every (cell, repeat); yield each CellRun as it finishes (any order). `resources_for(cell)`:
-        what to reserve for it (`reserved`), stamped on its CellRun for cost accounting."""
+        what to reserve for it (`reserved`), stamped on its CellRun for cost accounting. An executor that
+        runs cells concurrently also takes `chain_for(cell)` (the runner passes it where the signature
+        has it): cells of one chain run one at a time, in the order given (interleaved rounds)."""
 
     def close(self) -> None:
         """Free backends, cancel what is still running."""

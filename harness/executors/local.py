@@ -1,4 +1,10 @@
-"""The default executor: cells one after another in this process, backends kept between cells."""
+"""The default executor: cells one after another in this process, backends kept between cells.
+
+`prepare` is the runner's one look at the backends before it plans: each cell's server config
+(`server_config_key`, None for in-process backends) and, once per backend with all its cells,
+`plan_servers` (so a server starts with the largest load its cells need). Both are the backend
+interface agreed in TEAM.md, read with getattr defaults (None, no-op) for backends without them.
+"""
 
 from __future__ import annotations
 
@@ -12,18 +18,41 @@ class LocalExecutor:
     def __init__(self) -> None:
         self.backends: dict[str, object] = {}
 
+    def _backend(self, cell: Cell, options_for: Callable[[Cell], dict]):
+        from backends.base import get_backend
+
+        if cell.backend not in self.backends:
+            self.backends[cell.backend] = get_backend(cell.backend, **options_for(cell))
+        return self.backends[cell.backend]
+
+    def prepare(self, cells: Sequence[Cell], options_for: Callable[[Cell], dict]) -> dict[str, str | None]:
+        """cell id → server config key (None: in process, or the backend could not be built — its cells
+        then fail one by one when they run, as before)."""
+        from backends.base import plan_servers, server_config_key
+
+        keys: dict[str, str | None] = {}
+        by_backend: dict[str, list[Cell]] = {}
+        for cell in cells:
+            by_backend.setdefault(cell.backend, []).append(cell)
+        for name, members in by_backend.items():
+            try:
+                backend = self._backend(members[0], options_for)
+            except Exception:  # noqa: BLE001 — recorded per cell by run()
+                keys.update({cell.cell_id: None for cell in members})
+                continue
+            keys.update({cell.cell_id: server_config_key(backend, cell) for cell in members})
+            plan_servers(backend, members)
+        return keys
+
     def run(self, work: Sequence[tuple[Cell, int]], options_for: Callable[[Cell], dict], display,
-            resources_for: Callable[[Cell], dict] | None = None) -> Iterator[CellRun]:
-        from backends.base import get_backend, plan_servers
+            resources_for: Callable[[Cell], dict] | None = None, chain_for=None) -> Iterator[CellRun]:
+        """Every (cell, repeat) in the order given: one chain already, so `chain_for` changes nothing."""
         from harness.runner import Interrupted
 
         for cell, repeat in work:
             display.cell_started(cell, repeat)
             try:
-                if cell.backend not in self.backends:
-                    self.backends[cell.backend] = get_backend(cell.backend, **options_for(cell))
-                    plan_servers(self.backends[cell.backend], [c for c, _ in work if c.backend == cell.backend])
-                backend = self.backends[cell.backend]
+                backend = self._backend(cell, options_for)
             except Exception as exc:  # noqa: BLE001 — e.g. an unknown backend option: this cell fails
                 import traceback
                 from datetime import datetime, timezone

@@ -16,8 +16,14 @@ Every node needs the project installed at the same version (the task is this mod
 models and data at the paths the suite names; the driver's HARNESS_*, HF_*, TRANSFORMERS_* and
 TOKENIZERS_* variables and its working directory (where it exists on the node) are set in each task.
 
-Results. All tasks are submitted at once — Ray queues what does not fit — and each `CellRun` is yielded
-as its task finishes (`ray.wait`), in completion order; the runner, the driver, records it, so only the
+Rounds. The runner passes `chain_for(cell)`: the family of cells that share a plain baseline (its
+interleaved rounds, harness.runner). A family's tasks run as a chain — one at a time, in the runner's
+rotated round order — so the plain and speculative cells of a round stay paired in time on one
+reservation's worth of machine; different families run in parallel. Without `chain_for`, every task
+is its own chain.
+
+Results. The head of every chain is submitted at once — Ray queues what does not fit — and each `CellRun` is yielded
+as its task finishes (`ray.wait`), in completion order, and the next task of its chain is submitted; the runner, the driver, records it, so only the
 driver writes the store. Progress is per cell: `cell_started` and `cell_finished` when a result arrives.
 
 Failures. A failure inside the cell (the backend raised, every request failed) is captured by
@@ -41,6 +47,7 @@ import os
 import signal
 import threading
 import traceback
+from collections import deque
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Sequence
@@ -65,6 +72,7 @@ class _Task:
     options: dict
     resources: dict
     attempt: int = 1
+    chain: Any = None  # the family it runs in sequence with (chain_for); None: a chain of its own
 
 
 class RayExecutor:
@@ -92,14 +100,15 @@ class RayExecutor:
     # ---- driver ---------------------------------------------------------------------------------
 
     def run(self, work: Sequence[tuple[Cell, int]], options_for: Callable[[Cell], dict], display,
-            resources_for: Callable[[Cell], dict] | None = None) -> Iterator[CellRun]:
+            resources_for: Callable[[Cell], dict] | None = None,
+            chain_for: Callable[[Cell], Any] | None = None) -> Iterator[CellRun]:
         try:
-            yield from self._stream(work, options_for, display, resources_for)
+            yield from self._stream(work, options_for, display, resources_for, chain_for)
         except SystemError as exc:  # a signal while Ray's C code ran (submit, wait): see _reraise_signal
             _reraise_signal(exc)
             raise
 
-    def _stream(self, work, options_for, display, resources_for) -> Iterator[CellRun]:
+    def _stream(self, work, options_for, display, resources_for, chain_for=None) -> Iterator[CellRun]:
         try:
             ray = self._connect()
             nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
@@ -108,18 +117,31 @@ class RayExecutor:
             ray, nodes = None, []
             unreachable = f"cannot start or reach Ray ({self.address or 'local'}): {_first_line(exc)}"
             unreachable_log = traceback.format_exc()
-        for cell, repeat in work:
-            task = _Task(cell, repeat, options_for(cell), dict(resources_for(cell) if resources_for else DEFAULT_RESOURCES))
-            if ray is None:
-                display.cell_started(cell, repeat)
-                yield _failed(task, unreachable, unreachable_log)
-                continue
-            if not _fits(nodes, task.resources):
-                display.cell_started(cell, repeat)
-                yield _failed(task, f"no node of the Ray cluster can hold {_shown(task.resources)} "
-                                    f"(nodes: {'; '.join(_shown(_as_resources(n)) for n in nodes) or 'none'})")
-                continue
-            self._submit(task)
+        chains: dict[Any, deque[_Task]] = {}
+        for index, (cell, repeat) in enumerate(work):
+            chain = ("chain", chain_for(cell)) if chain_for else ("task", index)
+            resources = dict(resources_for(cell) if resources_for else DEFAULT_RESOURCES)
+            chains.setdefault(chain, deque()).append(_Task(cell, repeat, options_for(cell), resources, chain=chain))
+
+        def submit_next(chain) -> Iterator[CellRun]:
+            """Submit the chain's next task that can run; yield those that cannot, as failed."""
+            queue = chains[chain]
+            while queue:
+                task = queue.popleft()
+                if ray is None:
+                    display.cell_started(task.cell, task.repeat)
+                    yield _failed(task, unreachable, unreachable_log)
+                    continue
+                if not _fits(nodes, task.resources):
+                    display.cell_started(task.cell, task.repeat)
+                    yield _failed(task, f"no node of the Ray cluster can hold {_shown(task.resources)} "
+                                        f"(nodes: {'; '.join(_shown(_as_resources(n)) for n in nodes) or 'none'})")
+                    continue
+                self._submit(task)
+                return
+
+        for chain in list(chains):
+            yield from submit_next(chain)
         while self._pending:
             ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=self.poll_s)
             for ref in ready:
@@ -135,6 +157,7 @@ class RayExecutor:
                     cell_run = _failed(task, f"{reason} (attempt {task.attempt} of {self.max_retries + 1})", str(exc))
                 display.cell_started(task.cell, task.repeat)
                 yield cell_run
+                yield from submit_next(task.chain)
 
     def close(self) -> None:
         """Cancel every task still queued or running; shut Ray down if this executor started it."""

@@ -329,8 +329,14 @@ _SAME_MEASUREMENT = ("backend", "target", "task", "temperature", "concurrency", 
 
 
 def speedup_values(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, dict[int, float]]:
-    """cell id → repeat → throughput ÷ plain-decoding throughput, for speculative cells (plain ones are 1
-    by definition and left out).
+    """cell id → repeat (round) → speedup (`speedup_rounds` without the plain throughput)."""
+    return {cell_id: {rep: ratio for rep, (ratio, _) in rounds.items()}
+            for cell_id, rounds in speedup_rounds(conn, run_id).items()}
+
+
+def speedup_rounds(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, dict[int, tuple[float, float]]]:
+    """cell id → repeat → (throughput ÷ plain-decoding throughput, plain throughput), for speculative cells
+    (plain ones are 1 by definition and left out).
 
     Read from the store's `v_speedup` view where the connection has it; otherwise computed from the
     metrics table the same way (harness.store.views): the `throughput` of the cell over that of the plain
@@ -339,7 +345,7 @@ def speedup_values(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, di
     """
     if has_relation(conn, "v_speedup"):
         sql = """
-            SELECT v.cell_id, v."repeat", v.speedup FROM v_speedup v
+            SELECT v.cell_id, v."repeat", v.speedup, v.plain_throughput FROM v_speedup v
             JOIN cells c ON c.run_id = v.run_id AND c.cell_id = v.cell_id AND c."repeat" = v."repeat"
             WHERE v.run_id = $run_id AND c.status = 'ok' AND c.method <> 'none' AND v.speedup IS NOT NULL
         """
@@ -351,14 +357,14 @@ def speedup_values(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, di
                 JOIN metrics m ON m.run_id = c.run_id AND m.cell_id = c.cell_id AND m."repeat" = c."repeat"
                 WHERE c.run_id = $run_id AND c.status = 'ok' AND m.metric = 'throughput'
             )
-            SELECT s.cell_id, s."repeat", s.throughput / p.throughput
+            SELECT s.cell_id, s."repeat", s.throughput / p.throughput, p.throughput
             FROM t s JOIN t p ON p."repeat" = s."repeat" AND p.method = 'none' AND {same}
                  AND (p.params -> 'task')::VARCHAR IS NOT DISTINCT FROM (s.params -> 'task')::VARCHAR
             WHERE s.method <> 'none' AND p.throughput > 0 AND s.throughput IS NOT NULL
         """
-    out: dict[str, dict[int, float]] = {}
-    for cell_id, rep, value in conn.execute(sql, {"run_id": run_id}).fetchall():
-        out.setdefault(cell_id, {})[int(rep)] = float(value)
+    out: dict[str, dict[int, tuple[float, float]]] = {}
+    for cell_id, rep, value, plain in conn.execute(sql, {"run_id": run_id}).fetchall():
+        out.setdefault(cell_id, {})[int(rep)] = (float(value), float(plain))
     return out
 
 

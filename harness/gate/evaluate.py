@@ -16,12 +16,17 @@ How each metric is estimated, by the rule's `test`:
                       temperatures of each run's own cell); `stats.py` has the formulas. Any other
                       metric has no per-prompt form and falls back to mann_whitney, with a note.
     mann_whitney      per-repeat values of the metrics table, repeats as the unit
+    paired_rounds     speedups: Welch's t on the logs of each run's per-round paired ratios (`rounds_test`);
+                      a paired_bootstrap rule on a speedup uses it too (no per-prompt form)
     threshold         means over repeats compared with the allowances, no statistics (deterministic metrics)
 
 `speedup` (alias `throughput_speedup`) is per repeat from the store's `v_speedup` view, or computed
 the same way from throughput where a connection has no such view (`data.speedup_values`). A rule whose
 metric a cell has in neither run (ECE of plain decoding, speedup of the plain cell itself) does not
-apply to that cell; present in only one run, it is inconclusive. Bootstrap draws are seeded from the
+apply to that cell; present in only one run, it is inconclusive. A cell with an invalid round in
+either run (`v_rounds`: failed, truncated, one-token outputs, τ ≈ 1) is `invalid` on every rule, and a
+timing rule on a cell whose plain baseline drifted between rounds (> `DRIFT_BOUND`) is `unstable`:
+both are reported, never passed or failed. Bootstrap draws are seeded from the
 cell id, so a gate run is reproducible, and all metrics of a cell see the same resampled prompts.
 """
 
@@ -47,15 +52,19 @@ from harness.gate.stats import (
     ece_table,
     ratio_bootstrap,
     repeats_test,
+    rounds_test,
     threshold_estimate,
 )
-from harness.gate.validity import check_validity
+from harness.gate.validity import check_validity, round_problems
 from harness.gate.verdict import DIRECTIONS, INCOMPARABLE, LEVELS, VERDICTS, judge
 from harness.metrics.dependencies import Scope, depends_on
 
 Run = tuple[duckdb.DuckDBPyConnection, str]
 
-TESTS = ("paired_bootstrap", "mann_whitney", "threshold")
+TESTS = ("paired_bootstrap", "mann_whitney", "paired_rounds", "threshold")
+# Metrics that move with the machine's speed: judged `unstable` where the plain baseline drifted.
+TIMING_PREFIXES = ("throughput", "speedup", "goodput", "request_throughput", "ttft", "tpot", "itl", "e2e",
+                   "latency", "user_speed")
 
 # name → (numerator, denominator) of per-prompt step sums: ratio-of-sums metrics (harness.metrics.acceptance).
 _PerPrompt = Callable[[data.PromptSteps], np.ndarray]
@@ -100,6 +109,24 @@ class _Side:
         if cell_id not in self._cycles:
             self._cycles[cell_id] = data.confidence_cycles(self.conn, self.run_id, cell_id)
         return self._cycles[cell_id]
+
+    @cached_property
+    def round_problems(self) -> dict[str, list[str]]:
+        return round_problems(self.conn, self.run_id)
+
+    @cached_property
+    def plain_drift(self) -> dict[str, float]:
+        """cell id → how far its plain baseline moved across rounds (max ÷ min − 1), speculative cells from
+        `speedup_rounds`, plain cells from their own throughput."""
+        from harness.metrics.speedup import baseline_drift
+
+        out = {}
+        for cell_id, rounds in data.speedup_rounds(self.conn, self.run_id).items():
+            out[cell_id] = baseline_drift([plain for _, plain in rounds.values()])
+        for cell_id, by_repeat in data.metric_values(self.conn, self.run_id, "throughput").items():
+            if self.cells.get(cell_id) is not None and cell_id not in out:
+                out[cell_id] = baseline_drift(list(by_repeat.values()))
+        return {k: v for k, v in out.items() if v is not None}
 
     def repeat_values(self, metric: str, cell_id: str) -> list[float]:
         if metric not in self._values:
@@ -195,6 +222,34 @@ def _repeats_estimate(rule: GateRule, cell_id: str, base: _Side, cand: _Side, te
     return repeats_test(b, c, rule.alpha)
 
 
+def _rounds_estimate(rule: GateRule, cell_id: str, base: _Side, cand: _Side) -> Estimate:
+    b, c = base.repeat_values(rule.metric, cell_id), cand.repeat_values(rule.metric, cell_id)
+    _one_sided(not b, not c, rule.metric)
+    if min(b + c) <= 0:
+        raise _Inconclusive(f"{rule.metric}: a round with a non-positive ratio")
+    return rounds_test(b, c, rule.alpha)
+
+
+def _not_judged(rule: GateRule, match: CellMatch, base: _Side, cand: _Side) -> Comparison | None:
+    """`invalid` (an invalid round in either run) or `unstable` (a timing rule, the plain baseline
+    drifted in either run), else None: the cell is judged."""
+    from harness.metrics.speedup import DRIFT_BOUND
+
+    for side in (cand, base):
+        problems = side.round_problems.get(match.cell_id)
+        if problems:
+            return Comparison(match.cell_id, match.label, rule, "invalid",
+                              f"{side.name}: {'; '.join(problems)}")
+    if rule.test != "threshold" and rule.metric.startswith(TIMING_PREFIXES):
+        for side in (cand, base):
+            drift = side.plain_drift.get(match.cell_id)
+            if drift is not None and drift > DRIFT_BOUND:
+                return Comparison(match.cell_id, match.label, rule, "unstable",
+                                  f"{side.name}: plain baseline moved {100 * drift:.0f}% between rounds "
+                                  f"(> {100 * DRIFT_BOUND:g}%)")
+    return None
+
+
 def check_rule(rule: GateRule) -> None:
     """Reject a rule the gate cannot apply, before any data is read (the suite loader checks the same)."""
     for name, value, allowed in (("test", rule.test, TESTS), ("direction", rule.direction, DIRECTIONS),
@@ -207,6 +262,10 @@ def check_rule(rule: GateRule) -> None:
 
 def estimate(rule: GateRule, cell_id: str, base: _Side, cand: _Side) -> Estimate:
     """The rule's estimate for one cell; raises _Skip / _Inconclusive."""
+    if rule.test == "paired_rounds" or (rule.test == "paired_bootstrap" and rule.metric in SPEEDUP_METRICS):
+        if rule.metric not in SPEEDUP_METRICS:
+            raise _Inconclusive(f"paired_rounds compares per-round ratios; {rule.metric} is not one")
+        return _rounds_estimate(rule, cell_id, base, cand)
     if rule.test == "paired_bootstrap":
         if rule.metric in PROMPT_RATIOS:
             return _ratio_estimate(rule, cell_id, base, cand)
@@ -228,9 +287,13 @@ def compare_cell(rule: GateRule, match: CellMatch, base: _Side, cand: _Side, sco
     except _Inconclusive as exc:
         if not match.comparable_on(scope):
             return Comparison(match.cell_id, match.label, rule, INCOMPARABLE, match.why_not(scope))
-        return Comparison(match.cell_id, match.label, rule, "inconclusive", str(exc))
+        return _not_judged(rule, match, base, cand) or Comparison(match.cell_id, match.label, rule, "inconclusive",
+                                                                  str(exc))
     if not match.comparable_on(scope):
         return Comparison(match.cell_id, match.label, rule, INCOMPARABLE, match.why_not(scope))
+    flagged = _not_judged(rule, match, base, cand)
+    if flagged is not None:
+        return dataclasses.replace(flagged, estimate=est)
     verdict, reason = judge(rule, est)
     return Comparison(match.cell_id, match.label, rule, verdict, reason, est)
 

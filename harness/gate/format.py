@@ -16,8 +16,10 @@ from harness.gate.report import Comparison, ExitCode, GateReport
 from harness.gate.stats import Estimate
 
 FORMATS = ("text", "markdown", "junit")
-_ORDER = {"regression": 0, "improvement": 1, "inconclusive": 2, "pass": 3, "incomparable": 4}
-_ICON = {"regression": "❌", "improvement": "🟢", "inconclusive": "❔", "pass": "✅", "incomparable": "↔️"}
+_ORDER = {"regression": 0, "improvement": 1, "invalid": 2, "unstable": 3, "inconclusive": 4, "pass": 5,
+          "incomparable": 6}
+_ICON = {"regression": "❌", "improvement": "🟢", "invalid": "⛔", "unstable": "〰", "inconclusive": "❔", "pass": "✅",
+         "incomparable": "↔️"}
 
 
 def _minus(text: str) -> str:
@@ -32,7 +34,9 @@ def num(x: float | None) -> str:
 
 
 def change(x: float | None, scale: str) -> str:
-    """A signed change: +1.2% (relative) or +0.0041 (absolute)."""
+    """A signed change: +1.2% (relative) or +0.0041 (absolute); ±∞ for an unbounded interval end."""
+    if x is not None and math.isinf(x):
+        return "+∞" if x > 0 else "−∞"
     if x is None or not math.isfinite(x):
         return "n/a"
     return _minus(f"{100 * x:+.1f}%" if scale == "relative" else f"{x:+.3g}")
@@ -162,7 +166,7 @@ def to_junit(report: GateReport) -> str:
         line = comparison_line(c)
         if c.blocking:
             ET.SubElement(tc, "failure", type="regression", message=line).text = c.reason
-        elif c.verdict in ("inconclusive", "incomparable"):
+        elif c.verdict in ("inconclusive", "unstable", "invalid", "incomparable"):
             ET.SubElement(tc, "skipped", message=f"{c.verdict}: {c.reason}")
         else:
             ET.SubElement(tc, "system-out").text = f"{line}\n{c.reason}"

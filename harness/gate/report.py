@@ -36,7 +36,7 @@ class Comparison:
     cell_id: str
     label: str
     rule: GateRule
-    verdict: str  # pass | regression | improvement | inconclusive | incomparable
+    verdict: str  # pass | regression | improvement | inconclusive | unstable | invalid | incomparable
     reason: str
     estimate: Estimate | None = None  # None when there was nothing to estimate (missing data)
 
@@ -91,6 +91,8 @@ class GateReport:
             (len(self.failed_cells), "failed cell", "failed cells"),
             (self.counts.get("improvement", 0), "improvement", "improvements"),
             (self.counts.get("inconclusive", 0), "inconclusive", "inconclusive"),
+            (self.counts.get("unstable", 0), "unstable", "unstable"),
+            (self.counts.get("invalid", 0), "invalid", "invalid"),
             (self.counts.get("pass", 0), "passed", "passed"),
             (self.counts.get("incomparable", 0), "incomparable", "incomparable"),
             (len(self.unmatched), "cell without baseline", "cells without baseline"),

@@ -17,7 +17,8 @@ class GateRule:
 
     metric: str
     direction: str  # higher (bigger is better) | lower
-    test: str = "paired_bootstrap"  # paired_bootstrap (over prompts) | mann_whitney (over repeats) | threshold (no test)
+    test: str = "paired_bootstrap"  # paired_bootstrap (over prompts) | mann_whitney (over repeats) |
+    #                                 paired_rounds (Welch t on per-round paired ratios) | threshold (no test)
     relative: float | None = 0.02  # allowed relative worsening
     absolute: float | None = None  # allowed absolute worsening
     min_effect: float = 0.0  # smallest relative effect worth failing on
@@ -34,3 +35,21 @@ class Validity:
     min_requests: int = 1  # succeeded requests in the window, per cell
     min_duration_s: float = 0.0  # measurement window, per cell
     max_failed_fraction: float = 0.0  # failed cells / cells, and failed requests / requests per cell
+
+
+# Metrics whose gate compares per-round paired ratios (speedup over plain decoding of the same round).
+ROUND_RATIO_METRICS = ("speedup", "throughput_speedup")
+
+
+def rounds_needed(rule: GateRule) -> int | None:
+    """The rounds (repeats) a run needs before `rule` can fire, None when it does not count rounds
+    (prompt-level bootstrap, threshold). A suite with fewer is refused at load (harness.runner)."""
+    from harness.gate.evaluate import ECE_METRICS, PROMPT_RATIOS
+    from harness.gate.stats import mann_whitney_rounds_needed
+
+    test = rule.test
+    if test == "threshold" or (test == "paired_bootstrap" and (rule.metric in PROMPT_RATIOS or rule.metric in ECE_METRICS)):
+        return None
+    if test == "paired_rounds" or (test == "paired_bootstrap" and rule.metric in ROUND_RATIO_METRICS):
+        return max(2, rule.min_samples)
+    return max(mann_whitney_rounds_needed(rule.alpha), rule.min_samples)

@@ -10,6 +10,12 @@ of passing or failing it on noise. Checks, on the candidate run:
   compare at all);
 - per ok cell repeat: succeeded requests in the window ≥ `min_requests`, window duration ≥
   `min_duration_s`, failed ÷ all requests in the window ≤ `max_failed_fraction`.
+
+Per round (`round_problems`, from the store's `v_rounds`): every recorded round of a cell is validated
+before anything aggregates it — no request in the window, truncated (fewer requests than the cell's
+fullest round), every output one token long, acceptance length below 1.01 although drafts were verified.
+A cell with such a round is `invalid` in the gate (every rule) and in the run summary's speedups, never
+averaged in; failed rounds are failed cells (above).
 """
 
 from __future__ import annotations
@@ -34,6 +40,20 @@ class ValidityReport:
 
 def _pct(x: float) -> str:
     return f"{100 * x:.3g}%"
+
+
+def round_problems(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, list[str]]:
+    """cell id → `round r: why` for each invalid ok round (`v_rounds`; nothing where the view is absent,
+    e.g. raw tables without the store's views)."""
+    if not data.has_relation(conn, "v_rounds"):
+        return {}
+    rows = conn.execute(
+        'SELECT cell_id, "repeat", problems FROM v_rounds WHERE run_id = $run_id AND problems IS NOT NULL '
+        "AND status = 'ok' ORDER BY cell_id, \"repeat\"", {"run_id": run_id}).fetchall()
+    out: dict[str, list[str]] = {}
+    for cell_id, rep, problems in rows:
+        out.setdefault(cell_id, []).append(f"round {rep}: {problems}")
+    return out
 
 
 def check_validity(conn: duckdb.DuckDBPyConnection, run_id: str, validity: Validity) -> ValidityReport:

@@ -20,7 +20,10 @@ from harness.gate.rules import GateRule
 from harness.gate.stats import Estimate
 
 INCOMPARABLE = "incomparable"  # the cell compares, but not on this metric's scope (e.g. hardware differs)
-VERDICTS = ("regression", "improvement", "inconclusive", "pass", INCOMPARABLE)
+
+# unstable: the plain baseline of the cell's group drifted between rounds (harness.metrics.speedup);
+# invalid: a round of the cell failed validation (`v_rounds`). Both are reported, never pass or fail.
+VERDICTS = ("regression", "improvement", "inconclusive", "unstable", "invalid", "pass", INCOMPARABLE)
 DIRECTIONS = ("higher", "lower")
 LEVELS = ("fail", "warn")
 

@@ -116,6 +116,10 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         # reports no others); NULL (before v4): read as TRUE. harness.metrics.acceptance, views v_acceptance
         "ALTER TABLE requests ADD COLUMN all_steps BOOLEAN",
     ]),
+    (5, "interleaved rounds: cells.round_slot; views v_rounds (per-round validity), v_speedup_summary", [
+        # the cell's position in its round (0: measured first); repeats are rounds, rotated per round
+        "ALTER TABLE cells ADD COLUMN round_slot INTEGER",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -157,12 +157,14 @@ class Store:
         resources: dict | None = None,
         gpu_seconds: float | None = None,
         cpu_seconds: float | None = None,
+        round_slot: int | None = None,
     ) -> None:
         """Write one cell and all its rows in one transaction: status 'ok' when `error` is None (then a
         result is required), else 'failed' with whatever partial `result` there is. A failed cell may be
         recorded again (the retry of a resumed run); its earlier row moves to `superseded_cells`. A cell
         recorded 'ok' is final: recording it again raises StoreError. `resources` (what the executor
-        reserved) and `gpu_seconds`/`cpu_seconds` (wall time × reserved GPUs/CPUs) are the cost columns."""
+        reserved) and `gpu_seconds`/`cpu_seconds` (wall time × reserved GPUs/CPUs) are the cost columns;
+        `round_slot`: the cell's position in its round (the runner's interleaved order)."""
         if error is None and result is None:
             raise ValueError("record_cell needs a result for a cell without an error")
         tables = result_columns(result) if result is not None else {}
@@ -181,7 +183,7 @@ class Store:
                 if result is not None and result.sts_temperatures is not None else None
             ),
             "resources": canonical_json(resources) if resources is not None else None,
-            "gpu_seconds": gpu_seconds, "cpu_seconds": cpu_seconds,
+            "gpu_seconds": gpu_seconds, "cpu_seconds": cpu_seconds, "round_slot": round_slot,
         }
         key = {"run_id": run_id, "cell_id": cell.cell_id, "repeat": repeat}
         where = f"cell {cell.cell_id} repeat {repeat} of run {run_id}"

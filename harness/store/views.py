@@ -14,7 +14,7 @@ without a migration (`migrations.py`) and a line in `VIEWS.md`.
                     `harness run --metadata KEY=VALUE`, schema 3; NULL: none)
     v_cells         one row per (run, cell, repeat): every column of `cells` but `log` and the cost
                     columns, then duration_s, git_branch, git_sha, host_fingerprint, run_started_at,
-                    run_kind, run_label, resources, gpu_seconds, cpu_seconds
+                    run_kind, run_label, resources, gpu_seconds, cpu_seconds, round_slot
     v_metrics       one row per metric value: run_id, started_at (the run's), git_branch, git_sha,
                     cell_id, repeat, label, backend, target, drafter, method, num_drafts, task,
                     temperature, concurrency, rate, policy, metric, value, unit, n, comparability_key,
@@ -42,6 +42,16 @@ without a migration (`migrations.py`) and a line in `VIEWS.md`.
                     seed, plain_cell_id, throughput, plain_throughput, speedup, user_speed_mean,
                     plain_user_speed_mean, speedup_user_speed, user_speed_p50, plain_user_speed_p50,
                     speedup_user_speed_p50
+    v_rounds        one row per (run, cell, repeat = round): run_id, cell_id, repeat, label, method, status,
+                    round_slot (position in the run's round, schema 3), requests (succeeded in the window),
+                    max_output_tokens, acceptance_length, problems (NULL: a valid round; else why not:
+                    failed, no request, truncated — fewer requests than the cell's fullest round —, every
+                    output one token long, acceptance length < 1.01 with drafts verified)
+    v_speedup_summary  one row per (run, speculative cell, plain cell): run_id, cell_id, plain_cell_id,
+                    label, rounds_planned, rounds (paired rounds, both cells valid), speedup (geometric mean
+                    of per-round ratios), ci_low, ci_high (95% t interval on log ratios; NULL for 1 round),
+                    log_sd, plain_drift (max ÷ min − 1 of the plain throughput over rounds), status (ok |
+                    unstable: drift > 25% | invalid: an invalid or missing round) — harness.metrics.speedup
     v_calibration   one row per reliability bin: run_id, cell_id, repeat, label, drafter, task,
                     temperature, kind, position, bin, lower, upper, count, confidence_sum, outcome_sum,
                     mean_confidence (confidence_sum / count), accuracy (outcome_sum / count),
@@ -63,8 +73,12 @@ from __future__ import annotations
 
 import duckdb
 
+from harness.metrics.speedup import CONFIDENCE, DRIFT_BOUND, MIN_ACCEPTANCE_LENGTH
+from harness.metrics.student_t import t_quantile
+
 _CELL_KEY = "run_id, cell_id, repeat"
 _COST_COLUMNS = "resources, gpu_seconds, cpu_seconds"  # schema 2: after the columns v_cells had before
+_ROUND_COLUMNS = "round_slot"  # schema 3: after those
 
 VIEWS: dict[str, str] = {
     "v_runs": """
@@ -79,9 +93,9 @@ VIEWS: dict[str, str] = {
         LEFT JOIN (SELECT run_id, count(*) AS benchmarks FROM benchmarks GROUP BY run_id) b USING (run_id)
     """,
     "v_cells": f"""
-        SELECT c.* EXCLUDE (log, {_COST_COLUMNS}), epoch(c.finished_at - c.started_at) AS duration_s,
+        SELECT c.* EXCLUDE (log, {_COST_COLUMNS}, {_ROUND_COLUMNS}), epoch(c.finished_at - c.started_at) AS duration_s,
                r.git_branch, r.git_sha, r.host_fingerprint, r.started_at AS run_started_at,
-               r.kind AS run_kind, r.label AS run_label, {_COST_COLUMNS}
+               r.kind AS run_kind, r.label AS run_label, {_COST_COLUMNS}, {_ROUND_COLUMNS}
         FROM cells c JOIN runs r USING (run_id)
     """,
     "v_metrics": """
@@ -198,6 +212,61 @@ VIEWS: dict[str, str] = {
          AND p.rate IS NOT DISTINCT FROM s.rate
          AND p.seed IS NOT DISTINCT FROM s.seed
         WHERE s.method <> 'none'
+    """,
+    "v_rounds": f"""
+        WITH q AS (
+            SELECT {_CELL_KEY}, count(*) AS requests, max(output_tokens) AS max_output_tokens
+            FROM v_ok_requests GROUP BY {_CELL_KEY}
+        ), checked AS (
+            SELECT c.run_id, c.cell_id, c.repeat, c.label, c.method, c.status, c.round_slot,
+                   coalesce(q.requests, 0) AS requests, q.max_output_tokens,
+                   max(coalesce(q.requests, 0)) OVER (PARTITION BY c.run_id, c.cell_id) AS most_requests,
+                   a.acceptance_length, a.drafts_verified
+            FROM cells c LEFT JOIN q USING ({_CELL_KEY}) LEFT JOIN v_acceptance a USING ({_CELL_KEY})
+        )
+        SELECT run_id, cell_id, repeat, label, method, status, round_slot, requests, max_output_tokens,
+               acceptance_length,
+               nullif(concat_ws('; ',
+                   CASE WHEN status <> 'ok' THEN 'failed' END,
+                   CASE WHEN status = 'ok' AND requests = 0 THEN 'no succeeded request in the window' END,
+                   CASE WHEN status = 'ok' AND requests > 0 AND requests < most_requests
+                        THEN 'truncated: ' || requests || ' of ' || most_requests || ' requests' END,
+                   CASE WHEN status = 'ok' AND max_output_tokens <= 1 THEN 'every output is one token long' END,
+                   CASE WHEN status = 'ok' AND method <> 'none' AND drafts_verified > 0
+                         AND acceptance_length < {MIN_ACCEPTANCE_LENGTH}
+                        THEN 'acceptance length ' || round(acceptance_length, 3) || ' ≈ 1 with drafts verified' END
+               ), '') AS problems
+        FROM checked
+    """,
+    "v_speedup_summary": f"""
+        WITH t(df, q) AS (VALUES {", ".join(f"({df}, {t_quantile(0.5 + CONFIDENCE / 2, df)!r})" for df in range(1, 501))}
+        ), pairs AS (
+            SELECT v.run_id, v.cell_id, v.plain_cell_id, v.label, v.repeat, v.speedup, v.plain_throughput,
+                   rs.problems IS NULL AND rp.problems IS NULL AND v.speedup > 0 AS good
+            FROM v_speedup v
+            JOIN v_rounds rs ON rs.run_id = v.run_id AND rs.cell_id = v.cell_id AND rs.repeat = v.repeat
+            JOIN v_rounds rp ON rp.run_id = v.run_id AND rp.cell_id = v.plain_cell_id AND rp.repeat = v.repeat
+        ), summary AS (
+            SELECT p.run_id, p.cell_id, p.plain_cell_id, any_value(p.label) AS label,
+                   any_value(r.repeats) AS rounds_planned,
+                   count(*) FILTER (WHERE p.good) AS rounds,
+                   count(*) FILTER (WHERE NOT p.good) AS bad_rounds,
+                   avg(ln(p.speedup)) FILTER (WHERE p.good) AS log_mean,
+                   stddev_samp(ln(p.speedup)) FILTER (WHERE p.good) AS log_sd,
+                   max(p.plain_throughput) FILTER (WHERE p.good AND p.plain_throughput > 0)
+                     / min(p.plain_throughput) FILTER (WHERE p.good AND p.plain_throughput > 0) - 1 AS plain_drift
+            FROM pairs p JOIN runs r USING (run_id)
+            GROUP BY p.run_id, p.cell_id, p.plain_cell_id
+        )
+        SELECT s.run_id, s.cell_id, s.plain_cell_id, s.label, s.rounds_planned, s.rounds,
+               exp(s.log_mean) AS speedup,
+               exp(s.log_mean - t.q * s.log_sd / sqrt(s.rounds)) AS ci_low,
+               exp(s.log_mean + t.q * s.log_sd / sqrt(s.rounds)) AS ci_high,
+               s.log_sd, CASE WHEN s.rounds >= 2 THEN s.plain_drift END AS plain_drift,
+               CASE WHEN s.bad_rounds > 0 OR s.rounds < coalesce(s.rounds_planned, 0) OR s.rounds = 0 THEN 'invalid'
+                    WHEN s.rounds >= 2 AND s.plain_drift > {DRIFT_BOUND} THEN 'unstable'
+                    ELSE 'ok' END AS status
+        FROM summary s LEFT JOIN t ON t.df = s.rounds - 1
     """,
     "v_calibration": """
         SELECT b.run_id, b.cell_id, b.repeat, c.label, c.drafter, c.task, c.temperature,

@@ -51,7 +51,7 @@ TABLE_POLICIES = ("scheduler", "budget", "adaptive")  # priced by a measured tab
 CONFIDENCE_POLICIES = ("threshold", "scheduler", "budget")  # read the drafter's confidences
 DTYPES = ("float32", "bfloat16", "float16")
 DIRECTIONS = ("higher", "lower")
-TESTS = ("paired_bootstrap", "mann_whitney", "threshold")
+TESTS = ("paired_bootstrap", "mann_whitney", "paired_rounds", "threshold")
 LEVELS = ("fail", "warn")
 MAX_NUM_DRAFTS = 32
 INT64_MAX = 2 ** 63 - 1
@@ -229,7 +229,7 @@ class Defaults(Section):
     rate: Rate | None = None
     seed: Annotated[int, Field(ge=0, le=INT64_MAX)] = 0  # the store keeps it in a BIGINT
     warmup: Annotated[int, Field(ge=0)] = 0  # first conversations of a cell run but not measured
-    repeats: Annotated[int, Field(ge=1)] = 1  # runs of each cell (Mann-Whitney gates compare repeats)
+    repeats: Annotated[int, Field(ge=1)] = 1  # rounds: each cell once per round, interleaved (harness.runner)
 
     @model_validator(mode="after")
     def _check(self) -> Defaults:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from harness.runner import load_cells, plan, round_slots
 from harness.store import Store, read_only_query
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,6 +73,11 @@ def test_run_records_every_cell_and_query_reads_them(tmp_path, data_env, capsys)
     assert by_drafter["dspark"] == by_drafter["none"]
     assert main(["query", "--db", str(db), "--format", "json", "select count(*) as n from v_speedup"]) == 0
     assert json.loads(capsys.readouterr().out) == [{"n": 2}]
+    # every round validated (none flagged on a sound run), and the paired summary printed per cell
+    assert read_only_query(db, "select count(*) from v_rounds where problems is not null")[1] == [(0,)]
+    assert "speedup over plain decoding, paired per round" in out
+    _, summary = read_only_query(db, "select status, rounds from v_speedup_summary order by label")
+    assert summary == [("ok", 1), ("ok", 1)]
 
 
 def truncated_embedded_target(directory: Path, num_layers: int = 2) -> Path:
@@ -198,6 +204,12 @@ def test_killed_run_resumes_without_rerunning_finished_cells(tmp_path, data_env)
         status = store.cell_status(run_id)
         assert len(status) == 6 and set(status.values()) == {"ok"}
         assert store.run(run_id)["status"] == "finished"
+        # the resumed run went on from the cell it stopped at, in the planned interleaved order
+        _, order = store.query("SELECT cell_id, repeat, round_slot FROM cells WHERE run_id = ? ORDER BY started_at", [run_id])
+    loaded, cells = load_cells(suite, check_files=False)
+    work = plan(cells, loaded.repeats)
+    slots = round_slots(work)
+    assert order == [(c.cell_id, r, slots[(c.cell_id, r)]) for c, r in work]
 
 
 def test_gate_passes_an_identical_rerun_and_catches_a_doctored_regression(tmp_path, data_env, capsys):

@@ -136,6 +136,21 @@ def test_ray_records_what_the_local_executor_records(tmp_path, data_env, ray_clu
     assert ray.is_initialized()  # not started by the executor: left running
 
 
+@pytest.mark.slow  # ~20 s: Ray workers start cold
+def test_ray_runs_a_familys_rounds_one_at_a_time_in_the_planned_order(tmp_path, data_env, ray_cluster):
+    from harness.runner import load_cells, plan, round_slots
+
+    db = tmp_path / "h.duckdb"
+    assert run_suite(CI, db_path=db, only=ONLY, repeats=2, display=quiet(), executor=RayExecutor()).exit_code == 0
+    with Store.open(db, read_only=True) as store:
+        _, rows = store.query("SELECT cell_id, repeat, round_slot, started_at, finished_at FROM cells ORDER BY started_at")
+    _, cells = load_cells(CI, ONLY, check_files=False)
+    work = plan(cells, 2)  # plain and DSpark share a baseline: one chain, rotating per round
+    slots = round_slots(work)
+    assert [row[:3] for row in rows] == [(c.cell_id, r, slots[(c.cell_id, r)]) for c, r in work]
+    assert all(earlier[4] <= later[3] for earlier, later in zip(rows, rows[1:]))  # never two at once
+
+
 def test_a_killed_worker_is_retried_and_then_recorded_failed(tmp_path, data_env, ray_cluster):
     from doubles import crash_once
     from harness.suite import expand, load_suite, select

@@ -43,7 +43,8 @@ def test_a_schema_1_store_is_migrated_with_its_rows(tmp_path):
         assert (row["label"], row["status"], row["resources"], row["gpu_seconds"], row["cpu_seconds"]) == \
             ("old cell", "ok", None, None, None)
         columns, rows = store.query("SELECT * FROM v_cells")
-        assert columns[-3:] == ["resources", "gpu_seconds", "cpu_seconds"] and columns[:3] == ["run_id", "cell_id", "repeat"]
+        after = columns[columns.index("run_label") + 1:]  # schema 2's columns, then later schemas' (round_slot)
+        assert after[:3] == ["resources", "gpu_seconds", "cpu_seconds"] and columns[:3] == ["run_id", "cell_id", "repeat"]
         assert rows[0][columns.index("duration_s")] == 3.0
         assert store.query("SELECT repeats, gpu_seconds, run_gpu_seconds FROM v_costs")[1] == [(1, None, None)]
         # new cells of the migrated store carry their costs
@@ -83,4 +84,4 @@ def test_the_schema_1_ci_baseline_still_imports(tmp_path):
             assert store.query(f"SELECT count(*) FROM {table}")[1] == [(len(document["tables"][table]["rows"]),)]
         again = json.loads(export_run(store, run_id, tmp_path / "again.json").read_text(encoding="utf-8"))
         assert again["schema_version"] == SCHEMA_VERSION
-        assert again["tables"]["cells"]["columns"][-3:] == ["resources", "gpu_seconds", "cpu_seconds"]
+        assert again["tables"]["cells"]["columns"][-4:] == ["resources", "gpu_seconds", "cpu_seconds", "round_slot"]
