@@ -14,8 +14,9 @@ Sizes, chosen so the repository stays under 48 MiB: one draft layer each with a 
 1536), three target feature layers, Markov rank 32, bf16 on disk, and the 49,152 × 576 embedding / LM head
 shared with the target (not stored). The draft vocabulary is the full one: dspark_core has no d2t map yet.
 
-Deterministic for a seed (seeded answers, seeded data order and initialisation) on the same torch build and
-thread count. The target is the one `smollm2-135m` resolves to (the installed wheel's conversion), run in bf16.
+Deterministic for a seed (seeded answers, seeded data order and initialisation) on the same torch build, CPU
+kind, dtype and thread count. The target is the one `smollm2-135m` resolves to (the installed wheel's
+conversion), run in bf16 where the CPU has native bf16 and in fp32 elsewhere (`--dtype`).
 """
 
 from __future__ import annotations
@@ -37,10 +38,16 @@ from harness.embedded.evaluate import EvalPreset, evaluate_embedded
 REAL_DRAFTS = tuple(d for d in DRAFTS if d.name != "dspark-rnn")  # dspark (Markov), dflash, eagle3; one layer each
 REAL_DRAFTS = tuple(replace(d, num_layers=1) for d in REAL_DRAFTS)
 
-_COMMON = dict(
-    num_target_features=3, intermediate_size=768, mask_token="<empty_output>", target_dtype="bfloat16",
-    train_autocast_bf16=True, block_size=7, markov_rank=32,
-)
+_COMMON = dict(num_target_features=3, intermediate_size=768, mask_token="<empty_output>", block_size=7, markov_rank=32)
+
+
+def fast_dtype() -> str:
+    """bfloat16 where the CPU has native bf16 matmuls (AVX512-BF16/AMX: ≈ 4× fp32), else float32: on an
+    AVX2-only CPU torch emulates bf16 and a bf16 linear runs 2–3× slower than fp32 (measured)."""
+    if torch.cuda.is_available():
+        return "bfloat16"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return "bfloat16" if capability.startswith("AVX512") or "AMX" in capability else "float32"
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,8 @@ PRESETS = {
 
 
 def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "default", seed: int = 0,
-          data_dir: str | None = None, overwrite: bool = False, num_threads: int = 2, log=print) -> dict:
+          data_dir: str | None = None, overwrite: bool = False, num_threads: int = 2, dtype: str = "auto",
+          log=print) -> dict:
     from harness import model_refs
 
     out = Path(out_dir)
@@ -86,6 +94,8 @@ def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "d
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(num_threads)
     p = PRESETS[preset]
+    dtype = fast_dtype() if dtype == "auto" else dtype
+    p = replace(p, drafts=replace(p.drafts, target_dtype=dtype, train_autocast_bf16=dtype == "bfloat16"))
     target_dir = model_refs.resolve(target).path
     seconds: dict[str, float] = {}
 
@@ -95,11 +105,12 @@ def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "d
     seconds["drafts"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    measurements = evaluate_embedded(out, p.evaluation, log=log, target_dir=target_dir, dtype=torch.bfloat16)
+    measurements = evaluate_embedded(out, p.evaluation, log=log, target_dir=target_dir, dtype=getattr(torch, dtype))
     seconds["evaluation"] = time.perf_counter() - start
     summary = {
         "build": {"target": target, "target_source": _source(target_dir), "preset": preset, "seed": seed,
-                  "num_threads": num_threads, "seconds": seconds, "corpus": corpus.fingerprint(),
+                  "num_threads": num_threads, "dtype": dtype, "cpu": torch.backends.cpu.get_cpu_capability(),
+                  "seconds": seconds, "corpus": corpus.fingerprint(),
                   "torch": torch.__version__,
                   "training_budget": "equal optimiser steps and sequences per step for every draft "
                                      f"({p.drafts.train.steps} steps × {p.drafts.train.batch_size} sequences)"},
@@ -125,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                        help="target forwards and draft training (auto: bf16 only where the CPU has native bf16)")
     parser.add_argument("--data-dir", default=None, help="dataset directory (default: $HARNESS_DATA_DIR)")
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     summary = build(args.out_dir, target=args.target, preset=args.preset, seed=args.seed, data_dir=args.data_dir,
-                    overwrite=args.overwrite, num_threads=args.threads, log=lambda line: print(line, flush=True))
+                    overwrite=args.overwrite, num_threads=args.threads, dtype=args.dtype, log=lambda line: print(line, flush=True))
     print(f"built {args.out_dir} in {sum(summary['build']['seconds'].values()) / 60:.1f} min")
     return 0
 

@@ -19,7 +19,8 @@ def write_card(root: str | Path) -> Path:
         f"Built by `python -m harness.real.build {root.name and 'models/' + root.name} --preset {build['preset']} "
         f"--seed {build['seed']}` ({build['num_threads']} CPU threads, torch {build['torch']}). The target answered",
         "GSM8K train questions, stdlib code-completion prompts and chat prompts from Python's prose (never an",
-        "evaluation set); every figure below was measured by that build, on the CPU, in bf16.",
+        "evaluation set); every figure below was measured by that build, on the CPU "
+        f"({build.get('cpu', '?')}), in {build.get('dtype', '?')}.",
         "",
         "## Target",
         "",
