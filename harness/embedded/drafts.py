@@ -168,6 +168,7 @@ def build_drafts(
     if p.intermediate_size is not None:
         configs = {name: replace(c, intermediate_size=p.intermediate_size) for name, c in configs.items()}
     layer_ids = next(iter(configs.values())).target_layer_ids
+    target.set_layer_ids(layer_ids)  # the STS fits generate with the drafts, which read exactly these layers
     start = time.perf_counter()
     cache = build_cache(target, tokenizer, corpus, p, layer_ids, seed)
     heldout = build_target_cache(
