@@ -180,6 +180,8 @@ def evaluate_embedded(root: str | Path, preset: EvalPreset, log=print, *, target
     for task in preset.tasks:
         for temperature in preset.temperatures:
             for name, drafter in emb.drafters.items():
+                # the layers this drafter reads (none for plain / n-gram), as the in-house adapter sets them
+                emb.target.set_layer_ids(tuple(getattr(drafter, "target_layer_ids", ()) or ()))
                 results, wall = run_task(
                     emb.target, drafter, emb.tokenizer, task, n_samples=preset.n_samples, gamma=preset.gamma,
                     temperature=temperature, max_new_tokens=preset.max_new_tokens, seed=preset.seed,
