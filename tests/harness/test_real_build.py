@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -61,8 +62,15 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
     from harness import model_refs
     from harness.real.build import build
 
+    data_dir = Path(os.environ.get("HARNESS_DATA_DIR") or REPO.parent / "shared" / "datasets")
+    if not (data_dir / "gsm8k" / "train.jsonl").exists():
+        pytest.skip(f"no datasets under {data_dir}")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    summary = build(tmp_path / "out", preset="reduced", num_threads=1)
+    threads = torch.get_num_threads()
+    try:
+        summary = build(tmp_path / "out", preset="reduced", num_threads=1, data_dir=str(data_dir))
+    finally:
+        torch.set_num_threads(threads)
     out = tmp_path / "out"
     assert {d["name"] for d in summary["drafts"]} == {"dspark", "dflash", "eagle3"}
     target = TargetModel.from_pretrained(model_refs.resolve("smollm2-135m").path, dtype=torch.bfloat16)
