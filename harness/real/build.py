@@ -108,7 +108,7 @@ def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "d
     measurements = evaluate_embedded(out, p.evaluation, log=log, target_dir=target_dir, dtype=getattr(torch, dtype))
     seconds["evaluation"] = time.perf_counter() - start
     summary = {
-        "build": {"target": target, "target_source": _source(target_dir), "preset": preset, "seed": seed,
+        "build": {"target": target, "out_dir": str(out_dir), "target_source": _source(target_dir), "preset": preset, "seed": seed,
                   "num_threads": num_threads, "dtype": dtype, "cpu": torch.backends.cpu.get_cpu_capability(),
                   "seconds": seconds, "corpus": corpus.fingerprint(),
                   "torch": torch.__version__,

@@ -16,8 +16,8 @@ def write_card(root: str | Path) -> Path:
     lines = [
         f"# Drafts for `{build['target']}`, trained by this project's pipeline",
         "",
-        f"Built by `python -m harness.real.build {root.name and 'models/' + root.name} --preset {build['preset']} "
-        f"--seed {build['seed']}` ({build['num_threads']} CPU threads, torch {build['torch']}). The target answered",
+        f"Built by `python -m harness.real.build {build.get('out_dir', root)} --preset {build['preset']} "
+        f"--seed {build['seed']} --threads {build['num_threads']}` (torch {build['torch']}). The target answered",
         "GSM8K train questions, stdlib code-completion prompts and chat prompts from Python's prose (never an",
         "evaluation set); every figure below was measured by that build, on the CPU "
         f"({build.get('cpu', '?')}), in {build.get('dtype', '?')}.",
