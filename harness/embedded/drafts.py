@@ -56,6 +56,14 @@ class DraftPreset:
     train: TrainConfig = TrainConfig(steps=500, lr=3e-3, batch_size=8, anchors_per_sequence=24)
     sts_prompts_per_domain: int = 32
     sts_gamma: int = 7
+    # Real targets (harness/real): fewer feature layers, a narrower MLP, bf16 target forwards and bf16
+    # autocast in training keep a 135M target's drafts small on disk and its build within 2 cores' time.
+    num_target_features: int = 5
+    intermediate_size: int | None = None  # None: the target's
+    mask_token: str = "<|mask|>"
+    target_dtype: str = "float32"
+    train_autocast_bf16: bool = False
+    cache_batch_size: int = 48
 
 
 DRAFT_PRESETS = {
@@ -104,7 +112,7 @@ def build_cache(target: TargetModel, tokenizer, corpus: Corpus, preset: DraftPre
     prompts = cache_prompts(corpus, tokenizer, preset.prompts_per_domain)
     greedy, sampled = prompts[0::2], prompts[1::2]
     common = dict(layer_ids=layer_ids, max_new_tokens=preset.max_new_tokens, stop_token_ids=stop_tokens(tokenizer),
-                  logits_dtype=torch.bfloat16, batch_size=48)
+                  logits_dtype=torch.bfloat16, batch_size=preset.cache_batch_size)
     a = build_target_cache(target, greedy, temperature=0.0, seed=seed, **common)
     b = build_target_cache(target, sampled, temperature=1.0, seed=seed + 100_000, **common)
     return TargetCache(a.sequences + b.sequences, a.layer_ids, {"halves": [a.meta, b.meta]})
@@ -148,22 +156,25 @@ def build_drafts(
 
     p = DRAFT_PRESETS[preset] if isinstance(preset, str) else preset
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    target = TargetModel.from_pretrained(target_dir)
-    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
+    target = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, p.target_dtype))
+    mask_id = tokenizer.convert_tokens_to_ids(p.mask_token)
     configs = {
         d.name: draft_config_for(
             target, d.method, mask_token_id=mask_id, head=d.head, num_layers=d.num_layers,
-            markov_rank=p.markov_rank, block_size=p.block_size,
+            markov_rank=p.markov_rank, block_size=p.block_size, num_target_features=p.num_target_features,
         )
         for d in drafts
     }
+    if p.intermediate_size is not None:
+        configs = {name: replace(c, intermediate_size=p.intermediate_size) for name, c in configs.items()}
     layer_ids = next(iter(configs.values())).target_layer_ids
+    target.set_layer_ids(layer_ids)  # the STS fits generate with the drafts, which read exactly these layers
     start = time.perf_counter()
     cache = build_cache(target, tokenizer, corpus, p, layer_ids, seed)
     heldout = build_target_cache(
         target, heldout_prompts(corpus, tokenizer, p.sts_prompts_per_domain), layer_ids=layer_ids,
         max_new_tokens=p.max_new_tokens, temperature=1.0, stop_token_ids=stop_tokens(tokenizer),
-        seed=seed + 200_000, logits_dtype=torch.bfloat16, batch_size=48,
+        seed=seed + 200_000, logits_dtype=torch.bfloat16, batch_size=p.cache_batch_size,
     )
     log(f"target cache: {len(cache)} sequences, {sum(s.num_tokens for s in cache.sequences)} tokens "
         f"in {time.perf_counter() - start:.0f} s")
@@ -173,9 +184,11 @@ def build_drafts(
         model = build_draft_model(configs[d.name])
         model.copy_target_embeddings(target.input_embeddings(), target.output_embeddings())
         train_cfg = replace(p.train, seed=seed)
-        result = train_draft(cache, model, train_cfg)
-        model.eval()
-        held = evaluate_draft(heldout, model, train_cfg)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=p.train_autocast_bf16):
+            result = train_draft(cache, model, train_cfg)
+            model.eval()
+            held = evaluate_draft(heldout, model, train_cfg)
+        model.to(target.dtype)  # drafts run in the target's dtype; STS is fitted on the model as it will run
         temps = fit_temperatures(target, model, tokenizer, corpus, p, seed) if configs[d.name].confidence_head else None
         report = DraftReport(
             name=d.name, method=d.method, head=d.head,

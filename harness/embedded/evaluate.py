@@ -142,16 +142,19 @@ class Embedded:
     sts_temperatures: dict[str, dict[str, torch.Tensor]]  # draft → decoding temperature f"{T:g}" → [γ]
 
 
-def load_embedded(root: str | Path, drafter_names: Sequence[str] | None = None) -> Embedded:
-    """Target, tokenizer and drafts of an embedded-default directory (`target/`, `drafts/<name>/`)."""
+def load_embedded(root: str | Path, drafter_names: Sequence[str] | None = None, *, target_dir: str | Path | None = None,
+                  dtype: torch.dtype = torch.float32) -> Embedded:
+    """Target, tokenizer and drafts of an embedded-default directory (`target/`, `drafts/<name>/`); a real
+    target's drafts sit without their target, which lives elsewhere (`target_dir`)."""
     from transformers import AutoTokenizer
 
     from dspark_core.checkpoint import load_draft
     from dspark_core.drafters import as_drafter, build_drafter
 
     root = Path(root)
-    tokenizer = AutoTokenizer.from_pretrained(str(root / "target"))
-    target = TargetModel.from_pretrained(root / "target")
+    target_dir = Path(target_dir) if target_dir is not None else root / "target"
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    target = TargetModel.from_pretrained(target_dir, dtype=dtype)
     available = sorted(p.name for p in (root / "drafts").iterdir() if (p / "draft_config.json").exists())
     names = list(drafter_names) if drafter_names is not None else ["none", "ngram", *available]
     drafters: dict[str, Drafter] = {}
@@ -169,13 +172,16 @@ def load_embedded(root: str | Path, drafter_names: Sequence[str] | None = None) 
     return Embedded(target, tokenizer, drafters, temps)
 
 
-def evaluate_embedded(root: str | Path, preset: EvalPreset, log=print) -> list[Measurement]:
+def evaluate_embedded(root: str | Path, preset: EvalPreset, log=print, *, target_dir: str | Path | None = None,
+                      dtype: torch.dtype = torch.float32) -> list[Measurement]:
     """Every task × drafter × temperature of the preset, on the same prompts; plain decoding included."""
-    emb = load_embedded(root, preset.drafters)
+    emb = load_embedded(root, preset.drafters, target_dir=target_dir, dtype=dtype)
     out = []
     for task in preset.tasks:
         for temperature in preset.temperatures:
             for name, drafter in emb.drafters.items():
+                # the layers this drafter reads (none for plain / n-gram), as the in-house adapter sets them
+                emb.target.set_layer_ids(tuple(getattr(drafter, "target_layer_ids", ()) or ()))
                 results, wall = run_task(
                     emb.target, drafter, emb.tokenizer, task, n_samples=preset.n_samples, gamma=preset.gamma,
                     temperature=temperature, max_new_tokens=preset.max_new_tokens, seed=preset.seed,

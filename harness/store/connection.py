@@ -80,11 +80,18 @@ def _check_intact(con: duckdb.DuckDBPyConnection, path: Path, *, verify_blocks: 
     """Refuse a store that lost its tail (cheap: the headers say how many blocks the file holds) and,
     before a writer appends, one whose blocks do not match their checksums (DuckDB verifies a block's
     checksum whenever it reads it; a scan of every column reads them all, ~0.1 s per 4 MB)."""
-    block_size, total_blocks = con.execute(
-        "SELECT block_size, total_blocks FROM pragma_database_size() WHERE database_name = current_database()"
+    block_size, total_blocks, free_blocks = con.execute(
+        "SELECT block_size, total_blocks, free_blocks FROM pragma_database_size()"
+        " WHERE database_name = current_database()"
     ).fetchone()
-    expected, size = _HEADER_BYTES + int(total_blocks) * int(block_size), path.stat().st_size
-    if size < expected:
+    # Whole blocks after the headers; free blocks at the end need not exist on disk (DuckDB does not write
+    # them), so the file must hold at least the used ones: a cut inside a block, or past the used blocks,
+    # is damage (a cut between used blocks is found when the block is read, or by the writer's scan below).
+    size, block_size = path.stat().st_size, int(block_size)
+    at_least = _HEADER_BYTES + (int(total_blocks) - int(free_blocks)) * block_size
+    replayed = Path(f"{path}.wal").exists()  # a write-ahead log replayed at open may count blocks not yet written
+    if not replayed and (size < at_least or (size > _HEADER_BYTES and (size - _HEADER_BYTES) % block_size)):
+        expected = _HEADER_BYTES + int(total_blocks) * block_size
         raise StoreError(f"{path} is damaged: truncated to {size} of its {expected} bytes; restore it from a copy "
                          f"or point --db at another store (nothing was read or written)")
     if verify_blocks and total_blocks:

@@ -38,7 +38,10 @@ def check_paths(suite: Suite, cells: Iterable[Cell] | None = None) -> None:
 
 
 def _check_model(suite: Suite, where: DocPath, text: str) -> None:
-    ref = model_refs.resolve(text)
+    try:
+        ref = model_refs.resolve(text)
+    except model_refs.UnavailableModel as exc:  # a packaged target whose package is not installed
+        raise suite.locations.error(where, str(exc)) from None
     missing = model_refs.missing_files(ref, ())
     if not missing:
         return

@@ -1,0 +1,151 @@
+"""One command builds the drafts of a real target: target-generated cache, DSpark/DFlash/Eagle3-style, STS, card.
+
+    python -m harness.real.build models/smollm2-135m                  # the committed build (2 cores)
+    python -m harness.real.build /tmp/smollm2 --preset reduced        # CI: proves the script (slow test)
+
+The recipe is the embedded default's (harness/embedded/drafts.py, DeepSpec's): the target answers training
+prompts itself — GSM8K train questions, stdlib code-completion prompts, chat prompts from Python's prose; never
+an evaluation set — half greedily and half at T = 1; one target forward per sequence records the features and
+logits; every draft trains on that one cache **with the same budget: the same number of optimiser steps over
+the same sequences per step** (DSpark/DFlash over `anchors_per_sequence` blocks of γ per sequence, Eagle3-style
+over every answer position with its unrolled steps); STS is fitted per decoding temperature on held-out prompts.
+
+Sizes, chosen so the repository stays under 48 MiB: one draft layer each with a 768-wide MLP (the target's is
+1536), three target feature layers, Markov rank 32, bf16 on disk, and the 49,152 × 576 embedding / LM head
+shared with the target (not stored). The draft vocabulary is the full one: dspark_core has no d2t map yet.
+
+Deterministic for a seed (seeded answers, seeded data order and initialisation) on the same torch build, CPU
+kind, dtype and thread count. The target is the one `smollm2-135m` resolves to (the installed wheel's
+conversion), run in bf16 where the CPU has native bf16 and in fp32 elsewhere (`--dtype`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from dspark_core.training import TrainConfig
+from harness.embedded.corpus import CorpusCaps, build_corpus
+from harness.embedded.drafts import DRAFTS, DraftPreset, build_drafts
+from harness.embedded.evaluate import EvalPreset, evaluate_embedded
+
+REAL_DRAFTS = tuple(d for d in DRAFTS if d.name != "dspark-rnn")  # dspark (Markov), dflash, eagle3; one layer each
+REAL_DRAFTS = tuple(replace(d, num_layers=1) for d in REAL_DRAFTS)
+
+_COMMON = dict(num_target_features=3, intermediate_size=768, mask_token="<empty_output>", block_size=7, markov_rank=32)
+
+
+def fast_dtype() -> str:
+    """bfloat16 where the CPU has native bf16 matmuls (AVX512-BF16/AMX: ≈ 4× fp32), else float32: on an
+    AVX2-only CPU torch emulates bf16 and a bf16 linear runs 2–3× slower than fp32 (measured)."""
+    if torch.cuda.is_available():
+        return "bfloat16"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return "bfloat16" if capability.startswith("AVX512") or "AMX" in capability else "float32"
+
+
+@dataclass(frozen=True)
+class RealPreset:
+    caps: CorpusCaps
+    drafts: DraftPreset
+    evaluation: EvalPreset
+
+
+PRESETS = {
+    "default": RealPreset(
+        caps=CorpusCaps(math_chars=200_000, code_chars=200_000, chat_chars=200_000, num_val=24),
+        drafts=DraftPreset(
+            prompts_per_domain=64, max_new_tokens=128, sts_prompts_per_domain=16, cache_batch_size=32,
+            train=TrainConfig(steps=300, lr=2e-3, batch_size=8, anchors_per_sequence=16, eagle3_unroll_steps=2),
+            **_COMMON,
+        ),
+        evaluation=EvalPreset(drafters=("none", "ngram", "dspark", "dflash", "eagle3"), n_samples=8,
+                              max_new_tokens=96),
+    ),
+    "reduced": RealPreset(
+        caps=CorpusCaps(math_chars=20_000, code_chars=20_000, chat_chars=20_000, num_val=4),
+        drafts=DraftPreset(
+            prompts_per_domain=4, max_new_tokens=24, sts_prompts_per_domain=2, cache_batch_size=12,
+            train=TrainConfig(steps=4, lr=2e-3, batch_size=4, anchors_per_sequence=4, eagle3_unroll_steps=2),
+            **_COMMON,
+        ),
+        evaluation=EvalPreset(drafters=("none", "ngram", "dspark", "dflash", "eagle3"), n_samples=1,
+                              max_new_tokens=12, tasks=("gsm8k",)),
+    ),
+}
+
+
+def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "default", seed: int = 0,
+          data_dir: str | None = None, overwrite: bool = False, num_threads: int = 2, dtype: str = "auto",
+          log=print) -> dict:
+    from harness import model_refs
+
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out} exists and is not empty (pass --overwrite to rebuild it)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(num_threads)
+    p = PRESETS[preset]
+    dtype = fast_dtype() if dtype == "auto" else dtype
+    p = replace(p, drafts=replace(p.drafts, target_dtype=dtype, train_autocast_bf16=dtype == "bfloat16"))
+    target_dir = model_refs.resolve(target).path
+    seconds: dict[str, float] = {}
+
+    start = time.perf_counter()
+    corpus = build_corpus(data_dir, p.caps)
+    reports = build_drafts(target_dir, out / "drafts", corpus, preset=p.drafts, seed=seed, drafts=REAL_DRAFTS, log=log)
+    seconds["drafts"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    measurements = evaluate_embedded(out, p.evaluation, log=log, target_dir=target_dir, dtype=getattr(torch, dtype))
+    seconds["evaluation"] = time.perf_counter() - start
+    summary = {
+        "build": {"target": target, "out_dir": str(out_dir), "target_source": _source(target_dir), "preset": preset, "seed": seed,
+                  "num_threads": num_threads, "dtype": dtype, "cpu": torch.backends.cpu.get_cpu_capability(),
+                  "seconds": seconds, "corpus": corpus.fingerprint(),
+                  "torch": torch.__version__,
+                  "training_budget": "equal optimiser steps and sequences per step for every draft "
+                                     f"({p.drafts.train.steps} steps × {p.drafts.train.batch_size} sequences)"},
+        "drafts": [asdict(r) for r in reports],
+        "measurements": [m.row() for m in measurements],
+    }
+    (out / "measurements.json").write_text(json.dumps(summary, indent=2))
+    from harness.real.card import write_card
+
+    write_card(out)
+    return summary
+
+
+def _source(target_dir: Path) -> dict:
+    path = target_dir / "source.json"
+    return json.loads(path.read_text()) if path.exists() else {"path": str(target_dir)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.real.build", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                        help="target forwards and draft training (auto: bf16 only where the CPU has native bf16)")
+    parser.add_argument("--data-dir", default=None, help="dataset directory (default: $HARNESS_DATA_DIR)")
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+    summary = build(args.out_dir, target=args.target, preset=args.preset, seed=args.seed, data_dir=args.data_dir,
+                    overwrite=args.overwrite, num_threads=args.threads, dtype=args.dtype, log=lambda line: print(line, flush=True))
+    print(f"built {args.out_dir} in {sum(summary['build']['seconds'].values()) / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

