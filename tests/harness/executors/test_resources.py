@@ -36,8 +36,8 @@ def ci_with(tmp_path: Path, extra: str) -> Path:
 def test_resources_are_optional_per_backend_and_change_the_hash_only_when_given(tmp_path):
     plain = load_suite(CI)
     assert plain.resources == {} and "resources" not in plain.resolved_text
-    # ci.yaml with its speedup gate on paired rounds (results/baselines/ci.json predates it: 2ec8265c…)
-    assert plain.hash == "f53b11061ab9f6e58714c6d007936206359aacbe47ef11f87ab1b2522be4f6ee"
+    # ci.yaml as committed (4 rounds, speedup on paired rounds, throughput on Mann-Whitney), as results/baselines/ci.json records it
+    assert plain.hash == "0dab1436f708ddbc3afa3e62c93cc743dc7900d8ef94c4e2631ce1f4a5bc0c43"
     suite = load_suite(ci_with(tmp_path, "resources:\n  inhouse: {num_cpus: 2}\n  vllm: {num_gpus: 1, num_cpus: 4, memory_gb: 64}\n"))
     assert suite.hash != plain.hash
     assert reserved(suite.resources["vllm"]) == {"num_cpus": 4.0, "num_gpus": 1.0, "memory_gb": 64.0}

@@ -19,7 +19,7 @@ ROWS = [
         re.compile(r"^harness: error: --where")),
     Row("union all after a comment", "1=1 UNION ALL SELECT 1 --", 2, SHAPE),
     Row("parenthesis closed early", "1=1) OR (1=1", 2, "syntax error"),
-    Row("or beside the metric filter", "1=1 OR metric <> 'x'", 0, "2 cell(s)"),  # still 2 cells of acceptance_length
+    Row("or beside the metric filter", "1=1 OR metric <> 'x'", 0, "2 cell(s)"),  # still 2 cells of throughput
     Row("second statement", "1=1; DROP TABLE runs", 2, SHAPE),
     Row("second statement after a literal", "task = 'a'; SELECT 1", 2, SHAPE),
     Row("subquery on read_text", "task IN (SELECT content FROM read_text('/etc/passwd'))", 2, "a subquery is not allowed"),
@@ -59,7 +59,8 @@ def store(tmp_path_factory):
 
 @pytest.mark.parametrize("row", ROWS, ids=Row.name_of)
 def test_history_table(row, store, capsys):
-    code, out, err = run_cli(["history", "acceptance_length", "--db", store, "--where", row.given], capsys)
+    # throughput: a metric every cell has (plain decoding has no acceptance length)
+    code, out, err = run_cli(["history", "throughput", "--db", store, "--where", row.given], capsys)
     check(row, code, out, err)
     if code == 0:
         assert "99.0" not in out and "/root" not in out

@@ -83,8 +83,10 @@ ROWS = [
     Row("gate on a typo", add("  acceptance_lenght: {direction: higher}\n"), 2, "did you mean 'acceptance_length'?"),
     Row("gate on a position past γ", add("  position_acceptance_conditional_k99: {direction: higher}\n"), 2,
         "unknown metric"),
-    Row("gate on a position", add("  position_acceptance_conditional_k2: {direction: higher}\n"), 0, "suite fuzz ("),
-    Row("gate on a latency percentile", add("  ttft_p99: {direction: lower}\n"), 0, "suite fuzz ("),
+    Row("gate on a position", add("  position_acceptance_conditional_k2: {direction: higher, test: threshold}\n"), 0, "suite fuzz ("),
+    Row("gate on a latency percentile", add("  ttft_p99: {direction: lower, test: threshold}\n"), 0, "suite fuzz ("),
+    Row("gate that cannot fire in the suite's rounds", add("  ttft_p99: {direction: lower}\n"), 2,
+        "gate ttft_p99 (paired_bootstrap, alpha 0.05, min_samples 8) needs repeats >= 8 (rounds), the suite has 1"),
     # backend options, per backend
     Row("unknown in-house option", add("backend_options: {inhouse: {num_slot: 4}}\n"), 2,
         "backend_options.inhouse.num_slot: unknown inhouse backend option 'num_slot' (did you mean 'num_slots'?)"),

@@ -113,7 +113,7 @@ def test_unknown_choices_list_the_valid_ones(old, new, needle, rest):
     ("{direction: up}", "up", "gates.acceptance_length.direction: unknown direction 'up'; valid: higher, lower"),
     ("{direction: higher, test: bootstrap}", "bootstrap", "gates.acceptance_length.test: unknown test 'bootstrap' "
                                                           "(did you mean 'paired_bootstrap'?); valid: "
-                                                          "paired_bootstrap, mann_whitney, threshold"),
+                                                          "paired_bootstrap, mann_whitney, paired_rounds, threshold"),
     ("{direction: higher, level: error}", "error", "gates.acceptance_length.level: unknown level 'error'; valid: "
                                                    "fail, warn"),
     ("{direction: higher, alpha: 1.5}", "1.5", "gates.acceptance_length.alpha: must be less than 1.0, got 1.5"),
