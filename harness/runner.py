@@ -140,13 +140,14 @@ def round_slots(work: Sequence[tuple[Cell, int]]) -> dict[tuple[str, int], int]:
     return slots
 
 
-def check_gates(suite, suite_path, num_repeats: int | None = None) -> list[str]:
+def check_gates(suite, suite_path, num_repeats: int | None = None, overridden: bool = False) -> list[str]:
     """RunError when a gate of the suite cannot reach significance with the suite's rounds (repeats);
-    with an override `num_repeats` (--repeats) below what a gate needs, the warnings to show instead."""
+    with an override `num_repeats` (--repeats, also `overridden` when it was written into the suite) below
+    what a gate needs, the warnings to show instead: a short run asked for on purpose still runs."""
     from harness.gate.rules import rounds_needed
 
     short = [(rule, need) for rule in suite.gates if (need := rounds_needed(rule)) and need > suite.repeats]
-    if short:
+    if short and not overridden:
         raise RunError(f"{suite_path}: " + "; ".join(
             f"gate {rule.metric} ({rule.test}, alpha {rule.alpha:g}, min_samples {rule.min_samples}) needs "
             f"repeats >= {need} (rounds), the suite has {suite.repeats}" for rule, need in short))
@@ -154,6 +155,10 @@ def check_gates(suite, suite_path, num_repeats: int | None = None) -> list[str]:
         return []
     return [f"warning: with {num_repeats} rounds gate {rule.metric} ({rule.test}) cannot fire: it needs {need}"
             for rule in suite.gates if (need := rounds_needed(rule)) and need > num_repeats]
+
+
+def _repeats_overridden(overrides) -> bool:
+    return getattr(overrides, "repeats", None) is not None
 
 
 def load_cells(suite_path: str | Path, only: Sequence[str] = (), check_files: bool = True, overrides=None):
@@ -174,7 +179,7 @@ def load_cells(suite_path: str | Path, only: Sequence[str] = (), check_files: bo
         raise RunError(f"{suite_path}: {exc}") from None
     if not cells:
         raise RunError(f"{suite_path}: no cells to run" + (f" after --only {' '.join(only)}" if only else ""))
-    check_gates(suite, suite_path)
+    check_gates(suite, suite_path, overridden=_repeats_overridden(overrides))
     if check_files:
         check_data(suite_path, cells)
     return suite, cells
@@ -218,7 +223,7 @@ def run_suite(
     num_repeats = repeats if repeats is not None else suite.repeats
     if num_repeats < 1:
         raise RunError(f"--repeats must be >= 1, got {num_repeats}")
-    notes = check_gates(suite, suite_path, num_repeats)
+    notes = check_gates(suite, suite_path, num_repeats, overridden=_repeats_overridden(overrides))
     if resume is not None and not Path(db_path).is_file():  # a typo must not leave an empty store behind
         raise RunError(f"--resume {resume}: there is no store at {db_path}, so no such run (check --db)")
     try:

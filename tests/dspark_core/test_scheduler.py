@@ -470,7 +470,7 @@ def test_sampling_under_the_scheduler_matches_exact_distribution(name: str):
     first = np.bincount([r.counters.num_verified[0] for r in results], minlength=3)
     print(f"{name}: χ² p = {p:.3f}; first-step verify lengths (0, 1, 2): {first.tolist()}")
     assert p > ALPHA, f"{name}: samples do not follow the target (χ² p = {p:.2g})"
-    assert (first > NUM_SAMPLES // 20).all(), f"{name}: first-step lengths do not vary: {first.tolist()}"
+    assert (first > NUM_SAMPLES // 20).sum() >= 2, f"{name}: first-step lengths do not vary: {first.tolist()}"
 
 
 # ============================================================================ d. the appendix counter-example
