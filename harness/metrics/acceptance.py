@@ -182,4 +182,5 @@ def position_acceptance_conditional(records: Sequence[RequestRecord]) -> list[Me
 DEPENDS_ON = {name: CONTENT for name in (
     "acceptance_length", "accepted_per_step", "verified_per_step", "draft_acceptance_rate",
     "wasted_verification_fraction", "position_acceptance_unconditional", "position_acceptance_conditional",
+    "draft_coverage", "tokens_per_target_forward", "budget_cut_tokens",
 )}

@@ -20,7 +20,8 @@ _POSITION = re.compile(r"^(?P<family>.+)_k(?P<k>[0-9]+)$")
 FALLBACK = frozenset({
     "window_s", "requests", "requests_failed", "failed_request_rate", "output_tokens", "throughput",
     "request_throughput", "goodput", "sla_attainment", "acceptance_length", "accepted_per_step",
-    "verified_per_step", "draft_acceptance_rate", "wasted_verification_fraction", "ece_raw", "brier_raw",
+    "verified_per_step", "draft_acceptance_rate", "draft_coverage", "tokens_per_target_forward",
+    "budget_cut_tokens", "wasted_verification_fraction", "ece_raw", "brier_raw",
     "ece_calibrated", "brier_calibrated", "step_batch_size_mean", "step_verify_tokens_mean",
     "step_emitted_tokens_mean", "steps_per_s", "speedup", "speedup_user_speed",
     *(f"{name}_{stat}" for name in ("ttft", "tpot", "itl", "itl_per_token", "step_time")
