@@ -5,7 +5,7 @@ downloaded), as pytest-benchmark JSON for `harness ingest`: the prepared GPU che
     python -m benchmarks.gpu_engine --toy --out engine.json                     # anywhere: toy shapes, CPU
 
 1. SPS(B): a verify forward of the target for R requests × v verified tokens each, over a context of
-   `--context` cached positions (`dspark_core.sps.profile_sps`: real `TargetModel.forward` over KV slots,
+   `--context` cached positions (`backends.inhouse.profile.profile_sps`: real `TargetModel.forward` over KV slots,
    synchronised, median of repeats). One benchmark per (R, v); `--sps-table` also saves the table at
    v = 8 (γ 7 + 1) in the format the `scheduler` / `budget` policies read.
 2. The Markov head's share of a step: a DSpark draft step (5 layers, block 7) with the Markov head vs the
@@ -130,7 +130,8 @@ def _bench(group: str, name: str, params: dict, times: list[float], extra: dict)
 
 def sps_benchmarks(target, shapes: Shapes, repeats: int, sps_table: Path | None) -> tuple[list[dict], dict]:
     """One benchmark per (R, v), and the median verify latency per (R, v) for the share below."""
-    from dspark_core.sps import profile_sps, save_sps_table
+    from backends.inhouse.profile import profile_sps
+    from dspark_core.costs import save_sps_table
 
     out, latency = [], {}
     for v in shapes.verified:
