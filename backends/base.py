@@ -13,7 +13,8 @@ are found by name through `"module:Class"` strings and imported only when a cell
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Protocol
+import os
+from typing import Any, Callable, Mapping, Protocol
 
 from harness.cells import Cell, CellResult
 
@@ -108,3 +109,11 @@ def option_flags(options: dict, skip=()) -> list[str]:
         elif value is not False and value is not None:
             flags += [flag, str(value)]
     return flags
+
+
+def interpreter(options: Mapping[str, Any] | None = None) -> str | None:
+    """The engine interpreter a server backend's options name: $<python_env> when that is set, else `python`;
+    None: this one."""
+    options = options or {}
+    name = options.get("python_env")
+    return (os.environ.get(str(name)) if name else None) or (str(options["python"]) if options.get("python") else None)

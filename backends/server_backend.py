@@ -20,11 +20,10 @@ import importlib.util
 import json
 import secrets
 import shlex
-import os
 import sys
 from typing import Any, Callable
 
-from backends.base import BackendError
+from backends.base import BackendError, interpreter
 from backends.engine_version import EngineVersion, engine_version
 from backends.process import DIRECT, ReusedServer, ServerError
 from harness import model_refs
@@ -49,9 +48,7 @@ class ServerBackend:
         if bad:
             raise BackendError(f"backend_options.{self.name}.env entries are NAME=value strings, got {bad}")
         self.env = dict(e.split("=", 1) for e in env)
-        env_name = self.options.get("python_env")  # an environment variable naming the interpreter, over `python`
-        self.python = str((os.environ.get(str(env_name)) if env_name else None) or self.options.get("python")
-                          or sys.executable or "python3")
+        self.python = interpreter(self.options) or sys.executable or "python3"
         self._servers = ReusedServer(f"{self.name} server")
         self._tokenizers: dict[str, Any] = {}
         self._planned: dict[str, int] = {}  # server config key → the load it is started for

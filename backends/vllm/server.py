@@ -32,12 +32,11 @@ Options (the suite's `backend_options.vllm`): every key becomes a server flag (`
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from backends.base import BackendError, option_flags
+from backends.base import BackendError, interpreter, option_flags
 from backends.draft_methods import method_for
 from backends.engine_version import EngineVersion, Since, versioned
 from harness import model_refs
@@ -71,13 +70,6 @@ NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 #   served_model_name     the name(s) clients send (default: the target); each start adds one of its own
 ADAPTER_OPTIONS = ("python", "python_env", "port", "host", "env", "startup_timeout_s", "export_dir", "draft_layout",
                    "dspark_draft_topk", "per_request_spec_decode_metrics", "log_path", "timeout_s", "served_model_name")
-
-
-def interpreter(options: Mapping[str, Any] | None = None) -> str | None:
-    """The vLLM interpreter the options name: $<python_env> when that is set, else `python`; None: this one."""
-    options = options or {}
-    name = options.get("python_env")
-    return (os.environ.get(str(name)) if name else None) or (str(options["python"]) if options.get("python") else None)
 
 
 def draft_location(cell: Cell, options: Mapping[str, Any] | None = None) -> tuple[str, str | None]:
