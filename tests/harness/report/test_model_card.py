@@ -1,0 +1,75 @@
+"""The model card from a store run: the one τ and ECE with intervals, the ECE floor, relations judged on intervals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.gate.data import ConfidenceCycles
+from harness.gate.stats import ece_table
+from harness.report.model_card import card_rows, card_sections, ece_floor, relations
+from harness.store import Store
+from report_fixtures import make_cell, make_result, record_run
+
+
+def _run(tmp_path, accepts: dict[str, float], name: str = "card") -> tuple[Store, str]:
+    store = Store.open(tmp_path / f"{name}.duckdb")
+    plain = make_result(1, gamma=0, num_requests=40)
+    cells = [(make_cell("plain"), plain, None)]
+    for i, (drafter, accept) in enumerate(accepts.items()):
+        cells.append((make_cell(drafter, 4), make_result(10 + i, gamma=4, accept=accept, confidences=drafter == "dspark",
+                                                          plain=plain, num_requests=40), None))
+    return store, record_run(store, cells)
+
+
+def test_tau_is_the_stored_acceptance_length_with_an_interval_around_it(tmp_path):
+    store, run_id = _run(tmp_path, {"dspark": 0.7, "dflash": 0.5, "eagle3": 0.3})
+    with store:
+        rows = {r.drafter: r for r in card_rows(store.con, run_id)}
+        stored = dict(store.con.execute(
+            "SELECT c.drafter, a.acceptance_length FROM v_acceptance a JOIN cells c USING (run_id, cell_id, \"repeat\") "
+            "WHERE a.run_id = ? AND c.method <> 'none'", [run_id]).fetchall())
+    for drafter, value in stored.items():
+        tau = rows[drafter].tau
+        assert tau.value == pytest.approx(value)
+        assert tau.low < tau.value < tau.high
+    assert rows["dspark"].confidences > 0 and rows["dflash"].confidences == 0
+    assert [p for p, _ in rows["dspark"].positions] == [1, 2, 3, 4]
+
+
+def test_relations_are_judged_on_the_intervals(tmp_path):
+    store, run_id = _run(tmp_path, {"dspark": 0.8, "dflash": 0.5, "eagle3": 0.2})
+    with store:
+        ordered = relations(card_rows(store.con, run_id))
+    assert [v for c, v, _ in ordered if "τ DSpark > DFlash" in c] == ["holds"]
+    store, run_id = _run(tmp_path, {"dspark": 0.2, "dflash": 0.5, "eagle3": 0.8}, name="reversed")
+    with store:
+        rows = card_rows(store.con, run_id)
+        reversed_ = relations(rows)
+        text = "\n".join(card_sections(rows))
+    assert [v for c, v, _ in reversed_ if "τ DSpark > DFlash" in c] == ["does not hold"]
+    assert "## Calibration" in text and "does not hold" in text
+
+
+def _cycles(logits: np.ndarray, accepted: np.ndarray) -> ConfidenceCycles:
+    n, gamma = logits.shape
+    return ConfidenceCycles(prompt_keys=tuple(f"p{i}" for i in range(n)), units=tuple(f"p{i}" for i in range(n)),
+                            prompt_index=np.arange(n), repeat=np.zeros(n, dtype=np.int64), logits=logits,
+                            num_verified=np.full(n, gamma), num_accepted=accepted)
+
+
+def test_a_calibrated_predictor_sits_at_its_floor_and_a_miscalibrated_one_far_above_it():
+    rng = np.random.default_rng(3)
+    n, gamma = 400, 4
+    logits = rng.normal(0.5, 1.5, size=(n, gamma))
+    survival = np.cumprod(1 / (1 + np.exp(-logits)), axis=1)
+    # outcomes drawn from the confidences: each position's acceptance has probability a_j exactly
+    u = rng.random(n)
+    calibrated = (survival > u[:, None]).sum(axis=1)  # a_j decreasing, so y_j = u < a_j is a prefix
+    unit = np.arange(n)
+    floor = ece_floor(_cycles(logits, calibrated), None, unit, n, draws=50)
+    ece = float(ece_table(logits, np.full(n, gamma), calibrated, unit, n).ece(np.ones((1, n)))[0])
+    assert 0.5 * floor < ece < 2.0 * floor
+    never = np.zeros(n, dtype=np.int64)  # nothing ever accepted: confidences far above outcomes
+    ece_bad = float(ece_table(logits, np.full(n, gamma), never, unit, n).ece(np.ones((1, n)))[0])
+    assert ece_bad > 5 * floor
