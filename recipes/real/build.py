@@ -1,9 +1,9 @@
 """One command builds the drafts of a real target: target-generated cache, DSpark/DFlash/Eagle3-style, STS, card.
 
-    python -m harness.real.build models/smollm2-135m                  # the committed build (2 cores)
-    python -m harness.real.build /tmp/smollm2 --preset reduced        # CI: proves the script (slow test)
+    python -m recipes.real.build models/smollm2-135m                  # the committed build (2 cores)
+    python -m recipes.real.build /tmp/smollm2 --preset reduced        # CI: proves the script (slow test)
 
-The recipe is the embedded default's (harness/embedded/drafts.py, DeepSpec's): the target answers training
+The recipe is the embedded default's (recipes/embedded/drafts.py, DeepSpec's): the target answers training
 prompts itself — GSM8K train questions, stdlib code-completion prompts, chat prompts from Python's prose; never
 an evaluation set — half greedily and half at T = 1; one target forward per sequence records the features and
 logits; every draft trains on that one cache **with the same budget: the same number of optimiser steps over
@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 
 from dspark_core.training import TrainConfig
-from harness.embedded.corpus import CorpusCaps, build_corpus
-from harness.embedded.drafts import DRAFTS, DraftPreset, build_drafts
-from harness.embedded.evaluate import EvalPreset, evaluate_embedded
+from recipes.embedded.corpus import CorpusCaps, build_corpus
+from recipes.embedded.drafts import DRAFTS, DraftPreset, build_drafts
+from recipes.embedded.evaluate import EvalPreset, evaluate_embedded
 
 REAL_DRAFTS = tuple(d for d in DRAFTS if d.name != "dspark-rnn")  # dspark (Markov), dflash, eagle3; one layer each
 REAL_DRAFTS = tuple(replace(d, num_layers=1) for d in REAL_DRAFTS)
@@ -118,7 +118,7 @@ def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "d
         "measurements": [m.row() for m in measurements],
     }
     (out / "measurements.json").write_text(json.dumps(summary, indent=2))
-    from harness.real.card import write_card
+    from recipes.real.card import write_card
 
     write_card(out)
     return summary
@@ -130,7 +130,7 @@ def _source(target_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.real.build", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m recipes.real.build", description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")

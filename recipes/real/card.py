@@ -1,11 +1,11 @@
-"""MODEL_CARD.md for a real target's drafts, written from what `harness.real.build` measured (never typed in)."""
+"""MODEL_CARD.md for a real target's drafts, written from what `recipes.real.build` measured (never typed in)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from harness.embedded.card import draft_and_measurement_sections
+from recipes.embedded.card import draft_and_measurement_sections
 
 
 def write_card(root: str | Path) -> Path:
@@ -16,7 +16,7 @@ def write_card(root: str | Path) -> Path:
     lines = [
         f"# Drafts for `{build['target']}`, trained by this project's pipeline",
         "",
-        f"Built by `python -m harness.real.build {build.get('out_dir', root)} --preset {build['preset']} "
+        f"Built by `python -m recipes.real.build {build.get('out_dir', root)} --preset {build['preset']} "
         f"--seed {build['seed']} --threads {build['num_threads']}` (torch {build['torch']}). The target answered",
         "GSM8K train questions, stdlib code-completion prompts and chat prompts from Python's prose (never an",
         "evaluation set); every figure below was measured by that build, on the CPU "
