@@ -114,7 +114,7 @@ def run_variant(emb, variant: str, prompts, concurrency: int, temperature: float
                 sps, costs, drafter: str, repeat: int = 0, task: str = "") -> Run:
     from backends.inhouse.engine import Engine, EngineConfig, Request
     from backends.inhouse.load import LoadSpec, loaded_tokens_per_s, run_load
-    from harness.embedded.evaluate import stop_tokens
+    from recipes.embedded.evaluate import stop_tokens
 
     gamma, policy = make_policy(variant, emb, sps, temperature, drafter, costs)
     max_context = max(len(p) for p in prompts) + max_new_tokens
@@ -184,7 +184,8 @@ def format_table(rows: list[dict], schedulers: Sequence[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.embedded.evaluate import default_root, load_embedded
+    from harness.model_refs import embedded_root
+    from recipes.embedded.evaluate import load_embedded
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", nargs="+", default=["gsm8k", "mt_bench"])
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
-    emb = load_embedded(default_root(), ["none", args.drafter])
+    emb = load_embedded(embedded_root(), ["none", args.drafter])
     start = time.perf_counter()
     sps = measure_sps(emb)
     costs = measure_costs(emb, args.drafter, sps) if "adaptive" in args.schedulers else None

@@ -55,7 +55,8 @@ def measure(emb, variant: str, drafter: str, batch: int, prompts, sps, costs, wa
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.concurrency import load_prompts, measure_costs, measure_sps
-    from harness.embedded.evaluate import default_root, load_embedded
+    from harness.model_refs import embedded_root
+    from recipes.embedded.evaluate import load_embedded
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
-    emb = load_embedded(default_root(), ["none", args.drafter])
+    emb = load_embedded(embedded_root(), ["none", args.drafter])
     prompts = load_prompts(emb, "gsm8k", 64)
     sps = measure_sps(emb)
     costs = measure_costs(emb, args.drafter, sps) if "adaptive" in args.variants else None

@@ -13,7 +13,6 @@
     harness baseline export|import …
     harness export RUN… --parquet DIR · harness import DIR   (a history pooled from many machines)
     harness serve [--target …] [--drafter-method …] [--port …]   (OpenAI-compatible server, in-house engine)
-    harness embedded build|evaluate …
 
 Exit codes: 0 ok · 1 regression or failed cells · 2 invalid input or invalid run · 3 no comparable
 baseline · 130 interrupted (finish with --resume).
@@ -254,19 +253,6 @@ def cmd_serve(args) -> int:
     return serve_main(args.rest)
 
 
-# ---------------------------------------------------------------------------------------- embedded
-
-
-def cmd_embedded(args) -> int:
-    if args.action == "build":
-        from harness.embedded.build import main as build_main
-
-        return build_main(args.rest)
-    from harness.embedded.evaluate import main as evaluate_main
-
-    return evaluate_main(args.rest)
-
-
 # ------------------------------------------------------------------------------------------ parser
 
 
@@ -367,10 +353,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER, help="server options (harness serve --help)")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("embedded", help="rebuild or measure the embedded default")
-    p.add_argument("action", choices=("build", "evaluate"), help="rebuild models/embedded, or measure it")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of that action (… build --help)")
-    p.set_defaults(func=cmd_embedded)
     return parser
 
 

@@ -33,7 +33,7 @@ from harness.store import Store, StoreError
 # Methods whose drafts are the same on both engines, so τ must agree: our NgramDrafter follows vLLM's
 # lookup rule, DraftModelDrafter is vLLM's draft_model, and our DSpark drafts run in vLLM's DSpark
 # speculator as in our engine (tests/backends/vllm). vLLM's stock DFlash proposer fills the mask slots
-# by another convention than our DFlash drafts are trained for (dspark_core/export_vllm.py).
+# by another convention than our DFlash drafts are trained for (backends/vllm/export.py).
 SAME_DRAFTING = ("ngram", "draft_model", "dspark")
 NOT_COMPARED = {"dflash": "vLLM's DFlash slot convention differs", "none": "plain decoding"}
 TOLERANCE = 0.03

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPU check of the SGLang backend against the in-house engine, on the embedded default, in a few minutes:
-#   1. exports the embedded DSpark and DFlash drafts to the DeepSpec/vLLM layout (dspark_core.export_vllm);
+#   1. exports the embedded DSpark and DFlash drafts to the DeepSpec/vLLM layout (backends.vllm.export);
 #   2. runs GSM8K (8 prompts, 48 tokens, greedy, γ 3, concurrency 1) through SGLangBackend — a real
 #      `python -m sglang.launch_server` per drafter, requests over the native /generate, acceptance from
 #      each response's meta_info — and through InhouseBackend;
 #   3. prints τ per drafter for both engines and the acceptance source, and fails (exit 1) when a greedy
 #      output differs from in-house plain decoding or a cell fails.
 # A τ difference is printed, not failed: SGLang's DFLASH is a fill-in drafter (mask slots predict their own
-# positions) while our drafts are anchor-sampling (see dspark_core/export_vllm.py), and SGLang's DSPARK
+# positions) while our drafts are anchor-sampling (see backends/vllm/export.py), and SGLang's DSPARK
 # build must support our export (markov_head_type vanilla, confidence_head_with_markov) — record it.
 #
 # Usage: bash scripts/gpu_sglang_check.sh
@@ -37,7 +37,7 @@ PY
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 for d in dspark dflash; do
-  "$PY" -m dspark_core.export_vllm "models/embedded/drafts/$d" "$WORK/$d" --target models/embedded/target
+  "$PY" -m backends.vllm.export "models/embedded/drafts/$d" "$WORK/$d" --target models/embedded/target
 done
 
 WORK="$WORK" "$PY" - <<'PY'

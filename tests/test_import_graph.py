@@ -1,4 +1,5 @@
-"""The import graph keeps its floors: dspark_core under backends under harness, no cycle inside dspark_core.
+"""The import graph keeps its floors: dspark_core under backends under harness under recipes, no cycle inside
+dspark_core.
 
 The graph is read from the source (every `import` and `from … import`, lazy ones inside functions
 included, `if TYPE_CHECKING:` blocks excluded), so a cycle hidden behind a function-level import counts:
@@ -15,7 +16,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("dspark_core", "harness", "backends")
+PACKAGES = ("dspark_core", "harness", "backends", "recipes")
 
 
 def _modules() -> dict[str, Path]:
@@ -137,6 +138,16 @@ def test_dspark_core_imports_neither_harness_nor_backends():
         for t in targets if not t.startswith("dspark_core")
     }
     assert above == set()
+
+
+def test_nothing_below_the_recipes_imports_them():
+    """Recipes (the draft-training pipelines) are the top floor: they read the harness, never the reverse."""
+    graph = import_graph()
+    below = {
+        (m, t) for m, targets in graph.items() if not m.startswith("recipes")
+        for t in targets if t.startswith("recipes")
+    }
+    assert below == set()
 
 
 def test_kernels_import_nothing_from_the_core_above_them():

@@ -1,7 +1,7 @@
 """The vLLM backend: a vLLM OpenAI server per server configuration, driven with streaming requests.
 
 Per cell: build the server argv (`server.server_argv`; the suite's `backend_options.vllm`), export the
-draft first if it is in our format (`python -m dspark_core.export_vllm`, into a content-addressed
+draft first if it is in our format (`python -m backends.vllm.export`, into a content-addressed
 directory, once), start the server in its own process group (`backends.process.ServerProcess`) and wait
 for /health — or keep the one already running when the previous cell had the same argv and environment
 — then measure the cell through `backends.openai.adapter.run_cell_at`: the task's conversations at the
@@ -110,7 +110,7 @@ class VLLMBackend(ServerBackend):
         target = model_refs.resolve(cell.target.path)
         if not target.is_local:
             raise BackendError(f"exporting {source} for vLLM needs the target's files locally; {target.text!r} is a hub id")
-        argv = [sys.executable, "-m", "dspark_core.export_vllm", source, draft, "--target", target.location, "--overwrite"]
+        argv = [sys.executable, "-m", "backends.vllm.export", source, draft, "--target", target.location, "--overwrite"]
         if self.options.get("draft_layout") == "dflash":
             argv += ["--layout", "dflash", "--allow-fill-in"]
         try:

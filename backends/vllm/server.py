@@ -9,12 +9,12 @@ in vLLM, full CUDA graphs: GPU only); vLLM has nothing like `threshold` or `budg
 Draft checkpoints: a directory with a `config.json`, or a hub id, is served as it is; its architecture
 decides the vLLM method (`backends.draft_methods`: `Qwen3DSparkModel` → dspark, so DeepSpec's DFlash drafts
 run as dspark since vLLM's dflash cannot load them; `DFlashDraftModel` → dflash). A draft in our own format
-(`draft_config.json`, from `save_draft`) is first exported by `python -m dspark_core.export_vllm` into
+(`draft_config.json`, from `save_draft`) is first exported by `python -m backends.vllm.export` into
 `export_dir/<name>-<content hash>` (the adapter does that before starting the server; the path is
 known up front, so `--dry-run` shows it): DSpark and DFlash drafts both become a `Qwen3DSparkModel`
 (vLLM method "dspark"), which drafts exactly as our engine does; `draft_layout: dflash` exports a
 DFlash draft as `DFlashDraftModel` instead (vLLM's stock DFlash proposer, whose slot convention differs
-from ours: see `dspark_core/export_vllm.py`).
+from ours: see `backends/vllm/export.py`).
 
 A `draft_model` drafter's checkpoint is an ordinary Hugging Face causal LM with the target's vocabulary
 (`embedded`: the embedded target itself), passed to vLLM's `draft_model` method as it is:

@@ -1,1 +1,2 @@
-"""Real pretrained targets built from installed packages (no hub at run time), and their drafts."""
+"""Real pretrained targets built from installed packages (no hub at run time); their drafts are built by
+`recipes/real`."""

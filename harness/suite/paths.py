@@ -52,5 +52,5 @@ def _check_model(suite: Suite, where: DocPath, text: str) -> None:
         message += (f"{did_you_mean(text.partition(':')[2], available)}; embedded drafts: "
                     f"{', '.join(available) or 'none'}")
     elif text == model_refs.EMBEDDED:
-        message += f" (set ${model_refs.EMBEDDED_DIR_ENV}, or rebuild with python3 -m harness.embedded.build)"
+        message += f" (set ${model_refs.EMBEDDED_DIR_ENV}, or rebuild with python3 -m recipes.embedded.build)"
     raise suite.locations.error(where, message)

@@ -18,7 +18,7 @@ the one definition both engines share (`harness.metrics.acceptance`: a step coun
 ≥ 1 draft, τ = 1 + accepted / drafting steps; both draft γ up to the last step), the in-house per-step
 counts restricted to such steps.
 
-What the checks establish (see also dspark_core/export_vllm.py):
+What the checks establish (see also backends/vllm/export.py):
 - every cell: vLLM's greedy outputs = plain decoding = ours;
 - n-gram: our `NgramDrafter` follows vLLM's (V1 runner) lookup rule — the longest n-gram in [2, 4], its
   earliest earlier occurrence — and its lookup equals the function vLLM drafts with on random sequences;
@@ -385,9 +385,9 @@ def test_dspark_layout_matches_inhouse_exactly(vllm_v2_backend, inhouse, plain, 
 @pytest.fixture(scope="module")
 def truncated_target(tmp_path_factory) -> str:
     """The embedded target's first 2 of 5 decoder layers as an ordinary Hugging Face checkpoint
-    (`harness.embedded.truncated`): a smaller LM with the target's vocabulary that agrees with the target
+    (`recipes.embedded.truncated`): a smaller LM with the target's vocabulary that agrees with the target
     often but not always."""
-    from harness.embedded.truncated import truncate_target
+    from recipes.embedded.truncated import truncate_target
 
     return str(truncate_target(tmp_path_factory.mktemp("draft_model") / "embedded-2-layers", 2))
 

@@ -47,7 +47,7 @@ def test_missing_embedded_target(embedded):
         check_paths(parse_suite_text(BASE, "s.yaml"))
     assert str(e.value) == (f"s.yaml:{at(BASE, 'path: |embedded')}: targets.tiny.path: embedded resolves to "
                             f"{root}/target, which does not exist (set $HARNESS_EMBEDDED_DIR, or rebuild with "
-                            f"python3 -m harness.embedded.build)")
+                            f"python3 -m recipes.embedded.build)")
 
 
 def test_only_what_the_cells_use_is_checked(embedded):

@@ -20,6 +20,7 @@ from dspark_core.calibration import expected_calibration_error
 from dspark_core.drafters.base import Drafter
 from dspark_core.generate import GenerationConfig, GenerationResult, generate
 from dspark_core.target import TargetModel
+from harness.model_refs import embedded_root
 from harness.tasks.prompts import stop_tokens
 
 
@@ -194,14 +195,6 @@ def evaluate_embedded(root: str | Path, preset: EvalPreset, log=print, *, target
     return out
 
 
-def default_root() -> Path:
-    """`$HARNESS_EMBEDDED_DIR`, else `models/embedded` of this checkout."""
-    import os
-
-    env = os.environ.get("HARNESS_EMBEDDED_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "models" / "embedded"
-
-
 def format_table(rows: Sequence[Measurement]) -> str:
     plain = {(m.task, m.temperature): m.tokens_per_s for m in rows if m.drafter == "none"}
     lines = [f"{'task':10s} {'T':>4s} {'draft':11s} {'τ':>5s} {'α1':>5s} {'tok/s':>7s} {'speed-up':>8s} {'ECE raw→cal':>14s}"]
@@ -219,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m harness.embedded.evaluate",
+        prog="python -m recipes.embedded.evaluate",
         description="Speculative decoding on the embedded default: acceptance, calibration and speed-up per task.",
     )
     parser.add_argument("--root", type=Path, default=None, help="embedded-default directory (default: models/embedded)")
@@ -231,10 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
-    root = args.root or default_root()
+    root = args.root or embedded_root()
     if not (root / "target" / "config.json").exists():
         parser.error(f"no embedded default at {root} (expected target/config.json); "
-                     "build one with `python -m harness.embedded.build DIR` or pass --root")
+                     "build one with `python -m recipes.embedded.build DIR` or pass --root")
     preset = EvalPreset(tasks=tuple(args.tasks), drafters=tuple(args.drafters), n_samples=args.n_samples,
                         gamma=args.gamma, temperatures=tuple(args.temperatures), max_new_tokens=args.max_new_tokens)
     rows = evaluate_embedded(root, preset, log=lambda line: print(line, flush=True))

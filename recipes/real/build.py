@@ -1,7 +1,7 @@
 """One command builds the drafts of a real target: target-generated cache, DSpark/DFlash/Eagle3-style, STS, card.
 
-    python -m harness.real.build models/smollm2-135m                  # the committed build (2 cores)
-    python -m harness.real.build /tmp/smollm2 --preset reduced        # CI: proves the script (slow test)
+    python -m recipes.real.build models/smollm2-135m                  # the committed build (2 cores)
+    python -m recipes.real.build /tmp/smollm2 --preset reduced        # CI: proves the script (slow test)
 
 The recipe is the embedded default's (harness/embedded/drafts.py, DeepSpec's): the target answers training
 prompts itself — GSM8K train questions, stdlib code-completion prompts, chat prompts from Python's prose; never
@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 
 from dspark_core.training import TrainConfig
-from harness.embedded.corpus import CorpusCaps, build_corpus
-from harness.embedded.drafts import DRAFTS, DraftPreset, build_drafts
+from recipes.embedded.corpus import CorpusCaps, build_corpus
+from recipes.embedded.drafts import DRAFTS, DraftPreset, build_drafts
 
 REAL_DRAFTS = tuple(d for d in DRAFTS if d.name != "dspark-rnn")  # dspark (Markov), dflash, eagle3; one layer each
 REAL_DRAFTS = tuple(replace(d, num_layers=1) for d in REAL_DRAFTS)
@@ -140,7 +140,7 @@ def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "d
         "card_run": run_id,
     }
     (out / "build.json").write_text(json.dumps(summary, indent=2))
-    from harness.real.card import write_card
+    from recipes.real.card import write_card
 
     write_card(out)
     return summary
@@ -175,7 +175,7 @@ def write_card_suite(out: Path, card: CardPreset, *, target: str, dtype: str, nu
         "backend_options": {"inhouse": {"num_threads": num_threads, "max_context": 2048}},
     }
     path = out / "card.yaml"
-    header = ("# Written by `python -m harness.real.build` (harness/real/build.py, write_card_suite): the suite its\n"
+    header = ("# Written by `python -m recipes.real.build` (recipes/real/build.py, write_card_suite): the suite its\n"
               "# MODEL_CARD.md was measured by. Run it again with `harness run` on this file.\n")
     path.write_text(header + yaml.safe_dump(suite, sort_keys=False, width=120, default_flow_style=None))
     return path
@@ -212,7 +212,7 @@ def _source(target_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.real.build", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m recipes.real.build", description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")

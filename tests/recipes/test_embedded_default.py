@@ -12,11 +12,12 @@ import torch
 
 from dspark_core.drafters import NoDrafter
 from dspark_core.generate import GenerationConfig, generate
-from harness.embedded.card import relations
-from harness.embedded.evaluate import default_root, load_embedded
+from recipes.embedded.card import relations
+from harness.model_refs import embedded_root
+from recipes.embedded.evaluate import load_embedded
 from harness.tasks.prompts import stop_tokens
 
-ROOT = default_root()
+ROOT = embedded_root()
 DRAFTS = ("dspark", "dspark-rnn", "dflash", "eagle3")
 needs_build = pytest.mark.skipif(not (ROOT / "target" / "config.json").exists(), reason=f"no embedded default at {ROOT}")
 
@@ -89,7 +90,7 @@ def test_card_relations_report_failures_with_numbers():
 @pytest.mark.slow
 def test_reduced_rebuild(tmp_path):
     """CI proves the one-command rebuild works end to end (reduced sizes, a few minutes on 2 cores)."""
-    from harness.embedded.build import build
+    from recipes.embedded.build import build
 
     data_dir = Path(os.environ.get("HARNESS_DATA_DIR") or ROOT.parents[2] / "shared" / "datasets")
     if not (data_dir / "gsm8k" / "train.jsonl").exists():

@@ -7,7 +7,7 @@ target often but not always, built in seconds from what is committed, so CI can 
 accepts everything and compares nothing). No training, no download; the same files on every machine
 for the same target, so the cell's draft fingerprint is stable.
 
-    python -m harness.embedded.truncated OUT_DIR [--layers 2]     # idempotent: an existing OUT_DIR is kept
+    python -m recipes.embedded.truncated OUT_DIR [--layers 2]     # idempotent: an existing OUT_DIR is kept
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def truncate_target(out_dir: str | Path, num_layers: int = 2, target: str = "emb
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.embedded.truncated", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m recipes.embedded.truncated", description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--target", default="embedded")

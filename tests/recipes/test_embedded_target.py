@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.embedded.corpus import (CODE_INSTRUCTION, DOMAINS, MATH_INSTRUCTION, CorpusCaps, build_corpus,
+from recipes.embedded.corpus import (CODE_INSTRUCTION, DOMAINS, MATH_INSTRUCTION, CorpusCaps, build_corpus,
                                      gsm8k_solution)
-from harness.embedded.target import (PRESETS, TargetPreset, batches, load_report, lr_at, tokenize_examples,
+from recipes.embedded.target import (PRESETS, TargetPreset, batches, load_report, lr_at, tokenize_examples,
                                      train_target)
-from harness.embedded.tokenizer import (CHAT_TEMPLATE, SPECIAL_TOKENS, render_chat, to_hf_tokenizer,
+from recipes.embedded.tokenizer import (CHAT_TEMPLATE, SPECIAL_TOKENS, render_chat, to_hf_tokenizer,
                                         train_tokenizer)
 
 SMALL_CAPS = CorpusCaps(40_000, 40_000, 40_000, num_val=6)

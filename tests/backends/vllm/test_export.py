@@ -11,9 +11,9 @@ from safetensors.torch import load_file, save_file
 
 from dspark_core.checkpoint import load_deepspec_draft, load_draft, save_draft
 from dspark_core.drafters import DraftStep, as_drafter, build_draft_model, draft_config_for
-from dspark_core.export_vllm import ExportError, check_vllm_checkpoint, export_vllm, main, vllm_tensor_shapes
+from backends.vllm.export import ExportError, check_vllm_checkpoint, export_vllm, main, vllm_tensor_shapes
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EMBEDDED = REPO / "models" / "embedded"
 MASK = 95
 

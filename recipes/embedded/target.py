@@ -43,8 +43,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from harness.embedded.corpus import CODE_INSTRUCTION, DOMAINS, MATH_INSTRUCTION, ChatExample, CorpusCaps, build_corpus
-from harness.embedded.tokenizer import (EOS_TOKEN, IM_END, IM_START, MASK_TOKEN, render_chat, to_hf_tokenizer,
+from recipes.embedded.corpus import CODE_INSTRUCTION, DOMAINS, MATH_INSTRUCTION, ChatExample, CorpusCaps, build_corpus
+from recipes.embedded.tokenizer import (EOS_TOKEN, IM_END, IM_START, MASK_TOKEN, render_chat, to_hf_tokenizer,
                                         train_tokenizer)
 
 REPORT_FILE = "training_report.json"

@@ -1,6 +1,6 @@
 """Export our drafts in the checkpoint layout vLLM loads: the inverse of `checkpoint.load_deepspec_draft`.
 
-    python -m dspark_core.export_vllm DRAFT_DIR OUT_DIR --target TARGET_DIR [--layout dspark|dflash]
+    python -m backends.vllm.export DRAFT_DIR OUT_DIR --target TARGET_DIR [--layout dspark|dflash]
 
 OUT_DIR gets `config.json` (the target's Qwen3 config with the draft's shape and DeepSpec's fields) and
 `model.safetensors` (tensor names without a `model.` prefix). What vLLM reads, and how:
@@ -407,7 +407,7 @@ def _prepare(out_dir: Path, overwrite: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dspark_core.export_vllm", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m backends.vllm.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("draft_dir", help="a draft directory written by save_draft (draft_config.json + model.safetensors)")
     parser.add_argument("out_dir", help="where the vLLM checkpoint goes (config.json + model.safetensors)")
     parser.add_argument("--target", required=True, help="the target model directory the draft was trained for")

@@ -15,7 +15,7 @@ def header_lines(build: dict, drafts: list[dict]) -> list[str]:
     lines = [
         f"# Drafts for `{b['target']}`, trained by this project's pipeline",
         "",
-        f"Built by `python -m harness.real.build {b.get('out_dir', '.')} --preset {b['preset']} --seed {b['seed']} "
+        f"Built by `python -m recipes.real.build {b.get('out_dir', '.')} --preset {b['preset']} --seed {b['seed']} "
         f"--threads {b['num_threads']}` (torch {b['torch']}, CPU {b.get('cpu', '?')}, {b.get('dtype', '?')}). The target",
         "answered GSM8K train questions, stdlib code-completion prompts and chat prompts from Python's prose (never an",
         "evaluation set); the drafts trained on those answers; the figures below were measured by the card suite",

@@ -15,7 +15,7 @@ import torch
 from dspark_core.checkpoint import SHARED_WITH_TARGET
 from dspark_core.drafters import build_draft_model, draft_config_for
 from dspark_core.target import TargetModel, default_target_layer_ids
-from harness.real.build import PRESETS, REAL_DRAFTS
+from recipes.real.build import PRESETS, REAL_DRAFTS
 
 REPO = Path(__file__).resolve().parents[2]
 REPO_LIMIT = 48 * 2**20
@@ -60,7 +60,7 @@ def test_committed_drafts_fit_the_repository_budget():
 def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch):
     from dspark_core.checkpoint import load_draft
     from harness import model_refs
-    from harness.real.build import build
+    from recipes.real.build import build
 
     data_dir = Path(os.environ.get("HARNESS_DATA_DIR") or REPO.parent / "shared" / "datasets")
     if not (data_dir / "gsm8k" / "train.jsonl").exists():

@@ -24,8 +24,8 @@ from dspark_core.generate import GenerationConfig, generate
 from dspark_core.target import TargetModel
 from dspark_core.target_cache import TargetCache, build_target_cache
 from dspark_core.training import TrainConfig, evaluate_draft, train_draft
-from harness.embedded.corpus import DOMAINS, Corpus
-from harness.embedded.evaluate import confidence_table
+from recipes.embedded.corpus import DOMAINS, Corpus
+from recipes.embedded.evaluate import confidence_table
 from harness.tasks.prompts import stop_tokens
 
 
@@ -56,7 +56,7 @@ class DraftPreset:
     train: TrainConfig = TrainConfig(steps=500, lr=3e-3, batch_size=8, anchors_per_sequence=24)
     sts_prompts_per_domain: int = 32
     sts_gamma: int = 7
-    # Real targets (harness/real): fewer feature layers, a narrower MLP, bf16 target forwards and bf16
+    # Real targets (recipes/real): fewer feature layers, a narrower MLP, bf16 target forwards and bf16
     # autocast in training keep a 135M target's drafts small on disk and its build within 2 cores' time.
     num_target_features: int = 5
     intermediate_size: int | None = None  # None: the target's

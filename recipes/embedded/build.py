@@ -1,7 +1,7 @@
 """One command rebuilds the embedded default from the data: target, drafts, STS, measurements, model card.
 
-    python -m harness.embedded.build models/embedded                 # ≤ 30 min on 2 cores
-    python -m harness.embedded.build /tmp/embedded --preset reduced  # CI: proves the script works
+    python -m recipes.embedded.build models/embedded                 # ≤ 30 min on 2 cores
+    python -m recipes.embedded.build /tmp/embedded --preset reduced  # CI: proves the script works
 
 Deterministic for a seed on a machine fast enough to finish the target's planned steps (the target's
 wall-clock guard anneals early on slower ones and says so in its report). The output directory:
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from harness.embedded.card import write_model_card
-from harness.embedded.corpus import build_corpus
-from harness.embedded.drafts import DRAFT_PRESETS, build_drafts
-from harness.embedded.evaluate import EVAL_PRESETS, evaluate_embedded
-from harness.embedded.target import PRESETS, train_target
+from recipes.embedded.card import write_model_card
+from recipes.embedded.corpus import build_corpus
+from recipes.embedded.drafts import DRAFT_PRESETS, build_drafts
+from recipes.embedded.evaluate import EVAL_PRESETS, evaluate_embedded
+from recipes.embedded.target import PRESETS, train_target
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def build(out_dir: str | Path, *, preset: str = "default", seed: int = 0, data_d
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.embedded.build", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m recipes.embedded.build", description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--seed", type=int, default=0)

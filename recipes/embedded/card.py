@@ -49,7 +49,7 @@ def write_model_card(root: str | Path) -> Path:
     lines = [
         "# Embedded default: tiny Qwen3 target and its drafts",
         "",
-        "Built by `python -m harness.embedded.build` from GSM8K train, Python's standard library and its",
+        "Built by `python -m recipes.embedded.build` from GSM8K train, Python's standard library and its",
         "documentation (no evaluation data); every figure below was measured by that build.",
         "",
         "## Target",
