@@ -48,7 +48,7 @@ CONTEXT_LEN = 160  # committed tokens per request the tables are measured at (pr
 
 def load_prompts(emb, task: str, n: int, seed: int = 0) -> list[list[int]]:
     """`n` first-turn prompts of `task` (cycled when the task has fewer samples)."""
-    from harness.tasks import load_task, prompt_ids
+    from inputs.tasks import load_task, prompt_ids
 
     data = load_task(task, n_samples=None, seed=seed)
     samples = data.samples[:n]

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from backends.openai.adapter import OpenAIBackend
     from backends.process import ServerProcess
-    from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+    from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
     c, port = args.concurrency, _free_port()
     argv_server = [sys.executable, "-m", "backends.inhouse.server", "--port", str(port), "--num-slots", str(c),

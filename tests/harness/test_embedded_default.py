@@ -14,7 +14,7 @@ from dspark_core.drafters import NoDrafter
 from dspark_core.generate import GenerationConfig, generate
 from harness.embedded.card import relations
 from harness.embedded.evaluate import default_root, load_embedded
-from harness.tasks.prompts import stop_tokens
+from inputs.tasks.prompts import stop_tokens
 
 ROOT = default_root()
 DRAFTS = ("dspark", "dspark-rnn", "dflash", "eagle3")
@@ -29,7 +29,7 @@ def embedded():
 @pytest.fixture(scope="module")
 def task_prompts(embedded):
     """Two prompts per task, rendered through the chat template as the harness does."""
-    from harness.tasks import load_task, prompt_ids
+    from inputs.tasks import load_task, prompt_ids
 
     data_dir = Path(os.environ.get("HARNESS_DATA_DIR") or ROOT.parents[2] / "shared" / "datasets")
     if not (data_dir / "gsm8k" / "test.jsonl").exists():

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import BackendError, backend_class
+from contracts.backend import BackendError, backend_class
 from backends.openai.adapter import OpenAIBackend
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
 REPO = Path(__file__).resolve().parents[3]
 

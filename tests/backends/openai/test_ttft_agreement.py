@@ -16,7 +16,7 @@ import pytest
 
 from backends.openai.adapter import OpenAIBackend
 from backends.process import ServerProcess
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
 REPO = Path(__file__).resolve().parents[3]
 CONCURRENCY = 8

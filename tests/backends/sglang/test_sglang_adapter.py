@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import BackendError
+from contracts.backend import BackendError
 from backends.openai.client import ApiRequest, Endpoint, Load, run_openai_load
 from backends.sglang.client import astream_generate, generate_body, spec_usage, stream_generate
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
 FAKE = Path(__file__).resolve().parent / "fake_engine_server.py"
 REPO = Path(__file__).resolve().parents[3]
@@ -159,7 +159,7 @@ def test_openai_endpoint_of_sglang_has_no_meta_info(fake_sglang, data_env):
     from backends.sglang.server import server_argv
     from transformers import AutoTokenizer
 
-    from harness import model_refs
+    from inputs import model_refs
 
     port = fake_sglang["port"]
     root = fake_sglang["env"][0].split("=", 1)[1]
@@ -187,7 +187,7 @@ def test_draft_model_is_sglang_standalone():
     from dataclasses import replace
 
     from backends.sglang.server import server_argv
-    from harness import model_refs
+    from inputs import model_refs
 
     argv = server_argv(_cell(DrafterSpec("self", "draft_model", "embedded"), 5))
     flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--speculative")}

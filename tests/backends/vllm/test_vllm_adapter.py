@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import BackendError
+from contracts.backend import BackendError
 from backends.vllm.server import draft_location, server_argv, speculative_config
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
 FAKE = Path(__file__).resolve().parents[1] / "sglang" / "fake_engine_server.py"  # one stand-in for both engines
 REPO = Path(__file__).resolve().parents[3]
@@ -63,7 +63,7 @@ def test_our_drafts_are_exported_to_a_content_addressed_dir(tmp_path):
 def test_draft_model_is_served_as_it_is(tmp_path):
     """A draft_model checkpoint is a Hugging Face LM: passed to vLLM's draft_model method as resolved (the
     embedded target for `embedded`), never exported, even from a directory that looks like one of our drafts."""
-    from harness import model_refs
+    from inputs import model_refs
 
     options = {"export_dir": str(tmp_path / "exports")}
     own = _cell(DrafterSpec("self", "draft_model", "embedded"), gamma=5)
@@ -172,7 +172,7 @@ def test_failures_carry_the_server_log_tail(fake_vllm, data_env):
 def test_unavailable_without_vllm(monkeypatch):
     import importlib.util
 
-    from backends.base import BackendUnavailable
+    from contracts.backend import BackendUnavailable
     from backends.vllm.adapter import VLLMBackend
 
     real = importlib.util.find_spec
@@ -227,7 +227,7 @@ def test_the_interpreter_may_come_from_an_environment_variable(monkeypatch, tmp_
     monkeypatch.setenv("DSPARK_TEST_VLLM_PYTHON", str(tmp_path / "venv" / "python"))
     assert server_argv(_cell(), options)[0] == str(tmp_path / "venv" / "python")
     assert server_argv(_cell(), {})[0] == sys.executable
-    from backends.base import BackendUnavailable
+    from contracts.backend import BackendUnavailable
     from backends.vllm.adapter import VLLMBackend
 
     with pytest.raises(BackendUnavailable, match=r"\$DSPARK_TEST_VLLM_PYTHON .* does not exist"):

@@ -67,7 +67,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
 pytestmark = [
     pytest.mark.vllm,
@@ -127,8 +127,8 @@ def inhouse():
     from transformers import AutoTokenizer
 
     from dspark_core.target import TargetModel
-    from harness import model_refs
-    from harness.tasks import load_task, prompt_ids
+    from inputs import model_refs
+    from inputs.tasks import load_task, prompt_ids
 
     location = model_refs.resolve("embedded").location
     target = TargetModel.from_pretrained(location, dtype=torch.float32)
@@ -418,7 +418,7 @@ def test_draft_model_outputs_and_acceptance(vllm_backend, inhouse, plain, trunca
 
 
 def _embedded(name: str) -> str:
-    from harness import model_refs
+    from inputs import model_refs
 
     return model_refs.resolve(f"embedded:{name}").location
 

