@@ -29,16 +29,9 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from contracts.cells import Cell
+from harness.run_errors import Interrupted, RunError  # noqa: F401  (raised here; callers import them from the runner too)
 
 EXIT_OK, EXIT_FAILED_CELLS, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class RunError(Exception):
-    """Bad input or an unusable store: one actionable line, exit 2, nothing written."""
-
-
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived; the cell in flight is dropped, every finished one is kept."""
 
 
 @dataclass(frozen=True)

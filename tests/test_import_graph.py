@@ -130,6 +130,12 @@ def test_no_cycle_inside_dspark_core():
     assert cycles(_within(import_graph(), "dspark_core")) == []
 
 
+def test_no_cycle_inside_contracts_inputs_or_backends():
+    graph = import_graph()
+    for package in ("contracts", "inputs", "backends"):
+        assert cycles(_within(graph, package)) == [], package
+
+
 def test_dspark_core_imports_neither_harness_nor_backends():
     graph = import_graph()
     above = {

@@ -21,7 +21,7 @@ from backends.inhouse.engine import Engine, EngineConfig
 from backends.inhouse.policy import build_policy
 from contracts.backend import BackendError
 from contracts.cells import DrafterSpec, PolicySpec, TargetSpec
-from contracts.names import CONFIDENCE_POLICIES, DTYPES
+from contracts.names import CONFIDENCE_METHODS, CONFIDENCE_POLICIES, DTYPES
 from inputs import model_refs
 from inputs.tasks.prompts import stop_tokens
 
@@ -84,7 +84,7 @@ def check_specs(target: TargetSpec, drafter: DrafterSpec, policy: PolicySpec, te
     missing = model_refs.first_missing((target.path, drafter.checkpoint))
     if missing:
         raise BackendError(missing)
-    if policy.name in CONFIDENCE_POLICIES and drafter.method not in ("dspark",):
+    if policy.name in CONFIDENCE_POLICIES and drafter.method not in CONFIDENCE_METHODS:
         raise BackendError(
             f"policy {policy.name!r} needs confidences, which only dspark drafts have "
             f"(drafter {drafter.name!r} is {drafter.method}); use policy full or static"

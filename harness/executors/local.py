@@ -47,7 +47,7 @@ class LocalExecutor:
     def run(self, work: Sequence[tuple[Cell, int]], options_for: Callable[[Cell], dict], display,
             resources_for: Callable[[Cell], dict] | None = None, chain_for=None) -> Iterator[CellRun]:
         """Every (cell, repeat) in the order given: one chain already, so `chain_for` changes nothing."""
-        from harness.runner import Interrupted
+        from harness.run_errors import Interrupted
 
         for cell, repeat in work:
             display.cell_started(cell, repeat)

@@ -82,7 +82,7 @@ class RayExecutor:
         instance (`init_options` go to `ray.init`, e.g. num_cpus) unless Ray is initialised already.
         `max_retries`: resubmissions of a task whose worker or node was lost. `backend_factory(name,
         options)` builds a backend in the worker (default: contracts.backend.get_backend); picklable."""
-        from harness.runner import RunError
+        from harness.run_errors import RunError
 
         try:
             import ray  # noqa: F401
@@ -210,7 +210,7 @@ class RayExecutor:
 def _reraise_signal(exc: BaseException) -> None:
     """Ctrl-C / SIGTERM (the runner's handler raises `Interrupted`) inside Ray's C code surfaces as a
     SystemError caused by it: raise what the handler raised, never record it as the cell's failure."""
-    from harness.runner import Interrupted
+    from harness.run_errors import Interrupted
 
     for error in (exc, exc.__cause__, exc.__context__):
         if isinstance(error, (Interrupted, KeyboardInterrupt)):

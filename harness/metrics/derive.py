@@ -36,3 +36,9 @@ def derive(cell: Cell, result: CellResult) -> CellResult:
     in_window = succeeded(requests_in(records, result.window))
     bins = [CalibrationBin(*row) for row in reliability_bins(in_window, temperatures)]
     return replace(result, metrics=MetricSet(metrics), calibration_bins=bins)
+
+
+def measure(backend, cell: Cell, progress=None) -> CellResult:
+    """`backend.run_cell(cell)` with its metrics derived: what an executor stores, for callers outside one
+    (benchmarks, tests) that want a cell's numbers directly."""
+    return derive(cell, backend.run_cell(cell, progress=progress))
