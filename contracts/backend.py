@@ -54,7 +54,8 @@ class Backend(Protocol):
         """Raise BackendError if the cell cannot run here (missing checkpoint, unsupported option)."""
 
     def run_cell(self, cell: Cell, progress: Progress | None = None) -> CellResult:
-        """Run the cell's load and return its raw records; raise on failure (the runner records it)."""
+        """Run the cell's load and return its raw records, nothing derived (`harness.metrics.derive` does that for
+        every backend alike); raise on failure (the runner records it)."""
 
     def server_command(self, cell: Cell) -> list[str] | None:
         """The argv of the server this cell would start, or None for an in-process engine."""

@@ -35,6 +35,9 @@ def test_adaptive_cells_equal_plain_decoding_and_say_where_their_costs_came_from
     plain = backend.run_cell(_cell(DrafterSpec("none", "none"), PolicySpec("full")))
     adaptive = backend.run_cell(_cell(DSPARK, PolicySpec("adaptive")))
     assert _outputs(adaptive) == _outputs(plain)
+    assert not adaptive.metrics and not adaptive.calibration_bins  # raw records only: the executor derives
+    assert adaptive.steps and all(s.draft_length in range(adaptive.requests[0].record.num_drafts + 1)
+                                  for s in adaptive.steps)
     assert "step costs profiled 1:" in adaptive.log and " 2:" in adaptive.log  # batch sizes 1, 2 (concurrency 2)
     steps = sum(len(r.record.num_verified) for r in adaptive.requests)
     assert steps > 0
