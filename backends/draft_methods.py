@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness import model_refs
+from inputs import model_refs
 
 ARCHITECTURE_METHODS = {"Qwen3DSparkModel": "dspark", "Qwen3OmniDSparkModel": "dspark", "DFlashDraftModel": "dflash"}
 

@@ -32,7 +32,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from harness.redaction import redact
+from contracts.redaction import redact
 
 
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a local server: never via $http_proxy

@@ -23,11 +23,12 @@ import shlex
 import sys
 from typing import Any, Callable
 
-from backends.base import BackendError, interpreter
+from backends.server_args import interpreter
+from contracts.backend import BackendError
 from backends.engine_version import EngineVersion, engine_version
 from backends.process import DIRECT, ReusedServer, ServerError
-from harness import model_refs
-from harness.cells import Cell, CellResult
+from inputs import model_refs
+from contracts.cells import Cell, CellResult
 
 
 class ServerBackend:

@@ -48,7 +48,7 @@ CONTEXT_LEN = 160  # committed tokens per request the tables are measured at (pr
 
 def load_prompts(emb, task: str, n: int, seed: int = 0) -> list[list[int]]:
     """`n` first-turn prompts of `task` (cycled when the task has fewer samples)."""
-    from harness.tasks import load_task, prompt_ids
+    from inputs.tasks import load_task, prompt_ids
 
     data = load_task(task, n_samples=None, seed=seed)
     samples = data.samples[:n]
@@ -184,7 +184,7 @@ def format_table(rows: list[dict], schedulers: Sequence[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.model_refs import embedded_root
+    from inputs.model_refs import embedded_root
     from recipes.embedded.evaluate import load_embedded
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

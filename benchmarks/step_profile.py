@@ -55,7 +55,7 @@ def measure(emb, variant: str, drafter: str, batch: int, prompts, sps, costs, wa
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.concurrency import load_prompts, measure_costs, measure_sps
-    from harness.model_refs import embedded_root
+    from inputs.model_refs import embedded_root
     from recipes.embedded.evaluate import load_embedded
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from backends.openai.adapter import OpenAIBackend
     from backends.process import ServerProcess
-    from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+    from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+    from harness.metrics.derive import measure
 
     c, port = args.concurrency, _free_port()
     argv_server = [sys.executable, "-m", "backends.inhouse.server", "--port", str(port), "--num-slots", str(c),
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'round':>5} {'client mean':>12} {'client p50':>11} {'client p90':>11} {'server mean':>12} {'gap':>9} {'gap %':>6}")
     try:
         for i in range(args.rounds):
-            m = backend.run_cell(cell).metrics
+            m = measure(backend, cell).metrics
             client, srv = m.value("ttft_mean"), m.value("ttft_server_mean")
             gap = client - srv
             print(f"{i:>5} {client * 1e3:>9.1f} ms {m.value('ttft_p50') * 1e3:>8.1f} ms {m.value('ttft_p90') * 1e3:>8.1f} ms "

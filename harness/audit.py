@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from harness.cells import Cell, PolicySpec, TaskSpec
+from contracts.cells import Cell, PolicySpec, TaskSpec
 
 ALPHA = 0.01
 NUM_BINS = 10
@@ -51,7 +51,7 @@ class AuditFinding:
 
 def plain_twin(cell: Cell, temperature: float) -> Cell:
     """The same requests decoded without speculation."""
-    from harness.cells import DrafterSpec
+    from contracts.cells import DrafterSpec
 
     return dataclasses.replace(cell, drafter=DrafterSpec("none", "none"), num_drafts=0, policy=PolicySpec("full"),
                                task=dataclasses.replace(cell.task, temperature=temperature))
@@ -203,7 +203,7 @@ class LocalScorer:
 
 
 def run_audit(suite_path, only: Sequence[str] = (), samples: int | None = None, out=None) -> int:
-    from backends.base import get_backend
+    from contracts.backend import get_backend
     from harness.runner import load_cells
 
     out = out if out is not None else sys.stdout

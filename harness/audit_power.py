@@ -171,7 +171,7 @@ def measure(cell, sizes: Sequence[int] = SIZES, trials: int = 400, cache: Path |
 def main(argv: Sequence[str] = ()) -> int:
     """`python3 -m harness.audit_power [POOL_CACHE.json]`: measure the candidate tests' power on the embedded
     default and write `audit_power.json` beside this module (the audit prints its chosen test's row)."""
-    from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+    from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
     cell = Cell("inhouse", TargetSpec("embedded", "embedded"), DrafterSpec("dspark", "dspark", "embedded:dspark"),
                 3, TaskSpec("gsm8k", 8, 48), PolicySpec("full"), concurrency=8)

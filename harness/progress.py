@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence, TextIO
 
-from harness.cells import Cell
+from contracts.cells import Cell
 
 # (header with its unit, metric, format, factor): one table, the same units as the HTML report
 COLUMNS = (("τ (tok/step)", "acceptance_length", "{:.2f}", 1.0), ("tok/s", "throughput", "{:.1f}", 1.0),

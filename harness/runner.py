@@ -28,17 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-from harness.cells import Cell
+from contracts.cells import Cell
+from harness.run_errors import Interrupted, RunError  # noqa: F401  (raised here; callers import them from the runner too)
 
 EXIT_OK, EXIT_FAILED_CELLS, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class RunError(Exception):
-    """Bad input or an unusable store: one actionable line, exit 2, nothing written."""
-
-
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived; the cell in flight is dropped, every finished one is kept."""
 
 
 @dataclass(frozen=True)
@@ -188,7 +181,7 @@ def load_cells(suite_path: str | Path, only: Sequence[str] = (), check_files: bo
 def check_data(suite_path, cells: Sequence[Cell]) -> None:
     """Every task's data loads (data directory, else the hub) before any cell runs: missing data is
     bad input, not a row of failed cells."""
-    from harness.tasks import DataNotFoundError, TaskConfigError, load_task
+    from inputs.tasks import DataNotFoundError, TaskConfigError, load_task
 
     for name, n_samples, seed in sorted({(c.task.name, c.task.n_samples, c.seed) for c in cells}):
         try:
@@ -252,7 +245,7 @@ def run_suite(
             ))
         from harness.executors import get_executor, reserved
 
-        from harness import redaction
+        from contracts import redaction
 
         def options_for(cell: Cell) -> dict:
             options = (backend_options or {}) | dict(suite.backend_options.get(cell.backend, {}))
@@ -363,7 +356,7 @@ def _record(store, run_id: str, cell_run, host_fp: str, packages: dict, resource
     Cost: the cell's wall time × what the executor reserved for it (else what the suite declares)."""
     from harness import provenance
 
-    from harness.redaction import redact, redact_result
+    from contracts.redaction import redact, redact_result
 
     cell, result, error, log = cell_run.cell, redact_result(cell_run.result), redact(cell_run.error), redact(cell_run.log)
     key = provenance.comparability_key(cell.params(), result.provenance if result else {}, host_fp, packages)
@@ -443,7 +436,7 @@ def _planned_servers(suite, cells: Sequence[Cell]) -> tuple[dict[str, list[str]]
     """(server argv → the cells it serves, warnings), as the backends will plan them (`plan_servers`)."""
     import shlex
 
-    from backends.base import SERVER_COMMANDS, BackendError, get_backend, plan_servers
+    from contracts.backend import SERVER_COMMANDS, BackendError, get_backend, plan_servers
     from backends.draft_methods import present_here
 
     servers: dict[str, list[str]] = {}

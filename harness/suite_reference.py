@@ -141,7 +141,7 @@ SECTION_TEXT = {
     "targets": "Target models by name. `path`: `embedded` (the committed embedded default), a local directory "
                "or a hub id.",
     "drafters": "Drafters by name. The drafter `none` (plain decoding) exists without an entry.",
-    "tasks": "Tasks by name: gsm8k, humaneval, mt_bench or a task YAML of harness/tasks. `n_samples` and "
+    "tasks": "Tasks by name: gsm8k, humaneval, mt_bench or a task YAML of inputs/tasks. `n_samples` and "
              "`max_new_tokens` are required.",
     "policies": "Verification policies by name. `full`, `scheduler`, `budget` and `adaptive` exist without an "
                 "entry; `static` and `threshold` need parameters.",

@@ -42,7 +42,7 @@ done
 
 WORK="$WORK" "$PY" - <<'PY'
 import json, os, sys, time
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 from backends.inhouse.adapter import InhouseBackend
 from backends.sglang.adapter import SGLangBackend
 

@@ -7,7 +7,7 @@ it is still two modules that cannot be understood one without the other. Run it 
 `python3 -m pytest tests/test_import_graph.py -q`; a failure prints the cycle.
 
 Known and still open (the architecture issue's leaf-contracts step): `backends` ↔ `harness` (backends
-import `harness.cells`, `harness.metrics`, `harness.tasks`; harness imports the in-house backend).
+import `contracts.cells`, `harness.metrics`, `inputs.tasks`; harness imports the in-house backend).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("dspark_core", "harness", "backends", "recipes")
+PACKAGES = ("dspark_core", "contracts", "inputs", "backends", "harness", "recipes")
 
 
 def _modules() -> dict[str, Path]:
@@ -131,6 +131,12 @@ def test_no_cycle_inside_dspark_core():
     assert cycles(_within(import_graph(), "dspark_core")) == []
 
 
+def test_no_cycle_inside_contracts_inputs_or_backends():
+    graph = import_graph()
+    for package in ("contracts", "inputs", "backends"):
+        assert cycles(_within(graph, package)) == [], package
+
+
 def test_dspark_core_imports_neither_harness_nor_backends():
     graph = import_graph()
     above = {
@@ -148,6 +154,47 @@ def test_nothing_below_the_recipes_imports_them():
         for t in targets if t.startswith("recipes")
     }
     assert below == set()
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """top-level package → the other top-level packages its modules import (lazy imports included)."""
+    out: dict[str, set[str]] = {p: set() for p in PACKAGES}
+    for module, targets in graph.items():
+        top = module.split(".")[0]
+        out[top] |= {t.split(".")[0] for t in targets} - {top}
+    return out
+
+
+def test_no_cycle_between_top_level_packages():
+    packages = _package_graph(import_graph())
+    assert cycles(packages) == [], {p: sorted(t) for p, t in packages.items()}
+
+
+def test_top_level_packages_keep_their_layers():
+    """Each package imports only the layers below it (the module docstring's arrows)."""
+    allowed = {
+        "dspark_core": set(), "contracts": set(), "inputs": {"contracts"},
+        "backends": {"dspark_core", "contracts", "inputs"},
+        "harness": {"dspark_core", "contracts", "inputs", "backends"},
+        "recipes": {"dspark_core", "contracts", "inputs", "backends", "harness"},
+    }
+    graph = import_graph()
+    wrong = sorted((m, t) for m, targets in graph.items() for t in targets
+                   if t.split(".")[0] != m.split(".")[0] and t.split(".")[0] not in allowed[m.split(".")[0]])
+    assert wrong == []
+
+
+def test_contracts_import_neither_harness_nor_backends():
+    graph = import_graph()
+    reached = {t for m, targets in graph.items() if m.startswith("contracts") for t in targets}
+    assert {t for t in reached if not t.startswith("contracts")} == set()
+
+
+def test_the_layer_test_sees_lazy_imports(tmp_path):
+    """A function-level import is an edge: the reader the tests above rely on finds it."""
+    path = tmp_path / "lazy.py"
+    path.write_text("def f():\n    from harness.runner import run_suite\n    import backends.base as b\n")
+    assert {"harness.runner", "harness.runner.run_suite", "backends.base"} <= _imported_names("contracts.lazy", path)
 
 
 def test_kernels_import_nothing_from_the_core_above_them():

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from contracts.records import StepRecord
 from dspark_core.calibration import OnlineCalibrator
 from dspark_core.drafters.base import Drafter
 from dspark_core.generate import (RequestCounters, VerifyPolicy, emit, new_batch_state, planner_of, prefill,
@@ -63,19 +64,6 @@ class Completed:
 
 
 @dataclass
-class StepStats:
-    """One engine step, for per-step metrics (verified tokens per step vs batch size)."""
-
-    start_s: float
-    end_s: float
-    num_prefilled: int  # requests admitted (prefilled) at the start of the step
-    batch_size: int  # requests in the speculative step
-    verified_tokens: int  # drafts verified + one target position per request
-    accepted_drafts: int
-    draft_length: int = 0  # tokens drafted per request (0: the step ran no draft forward)
-
-
-@dataclass
 class Running:
     """A request in a slot, as the engine keeps it: what it has emitted so far, with the engine's times.
     Callers (the HTTP server) read these between steps; only the engine writes them."""
@@ -112,7 +100,7 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.slots: dict[int, Running] = {}
         self.free = list(range(config.num_slots))  # a heap: the lowest free slot is used first
-        self.steps: list[StepStats] = []
+        self.steps: list[StepRecord] = []  # one per step(), in the contracts' form the store keeps
 
     @property
     def num_active(self) -> int:
@@ -177,12 +165,14 @@ class Engine:
                 slot.emissions.append((now, len(slot.output) - before))
                 if reason is not None:
                     done.append(self._finish(row, reason, now))
-            verified = sum(n_verified) + len(rows)
+            verified = sum(n_verified)
             accepted = sum(n_accepted)
             drafted = self.state.last_draft_length
             if self.calibrator is not None and confs is not None and drafted > 0:
                 self._observe_outcomes(confs, n_verified, n_accepted)
-        self.steps.append(StepStats(start, self.clock(), num_prefilled, len(rows), verified, accepted, drafted))
+        end = self.clock()
+        self.steps.append(StepRecord(len(self.steps), end, len(rows), verified, accepted, end - start, drafted,
+                                     num_prefilled))
         return done
 
     def _observe_outcomes(self, confs: list[list[float]], n_verified: list[int], n_accepted: list[int]) -> None:

@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from backends.inhouse.engine import Completed, Engine, Request, StepStats
+from backends.inhouse.engine import Completed, Engine, Request
+from contracts.records import StepRecord
 
 # next_turn(conversation index, turn index, completed turn) → the next turn's request, or None when done
 NextTurn = Callable[[int, int, Completed], Request | None]
@@ -48,7 +49,7 @@ class LoadSpec:
 class LoadResult:
     completed: list[Completed]  # every turn of every conversation, in finish order
     warmup_ids: set[str]  # request ids of warm-up conversations' turns
-    steps: list[StepStats]
+    steps: list[StepRecord]
     window: tuple[float, float]  # (start, end) on the engine clock
     conversation_of: dict[str, int] = field(default_factory=dict)
 
@@ -129,6 +130,6 @@ def loaded_tokens_per_s(result: LoadResult, concurrency: int) -> float:
     for completed in result.measured:
         for t, n in completed.emissions:
             i = bisect.bisect_right(starts, t) - 1
-            if i >= 0 and t <= loaded[i].end_s:
+            if i >= 0 and t <= loaded[i].t_s:
                 tokens += n
-    return tokens / sum(s.end_s - s.start_s for s in loaded)
+    return tokens / sum(s.wall_s for s in loaded)

@@ -3,14 +3,14 @@
     python -m backends.inhouse.server --target embedded --drafter-method dspark \\
         --drafter-checkpoint embedded:dspark --num-drafts 3 --port 8000
 
-The engine is the one the in-house backend runs (`InhouseBackend.build_engine`: same loading, policy and
-stop tokens), so greedy output through the server equals the in-house backend's for the same prompt ids.
+The engine is the one the in-house backend runs (`backends.inhouse.build.serving_engine`: same loading, policy
+and stop tokens), so greedy output through the server equals the in-house backend's for the same prompt ids.
 The parts, one concern each, live in `backends.inhouse.serving`: `validation` (an OpenAI body → an engine
 request, or a 4xx naming the field), `engine_loop` (the engine thread), `responses` (bodies, chunks, the
 spec extension of `usage`), `counters` (/metrics), `app` (aiohttp: routes, limits, timeouts, streaming).
 
 Endpoints: POST /v1/completions (`prompt`: text or token ids) and /v1/chat/completions (`messages`,
-through the tokenizer's chat template as `harness.tasks.tokenize_messages`), streaming (SSE) or not;
+through the tokenizer's chat template as `inputs.tasks.tokenize_messages`), streaming (SSE) or not;
 GET /health, /v1/models, /version, /metrics (Prometheus text: vLLM's spec-decode counter names, see
 `backends.openai.metrics`, plus request, token and connection counters, and vLLM's TTFT histogram
 `vllm:time_to_first_token_seconds`, from the POST's arrival to its first token chunk written). Not supported (400): n > 1,
@@ -39,7 +39,7 @@ from backends.inhouse.serving.app import Limits, ListenError, Served, ServerThre
 from backends.inhouse.serving.counters import Counters
 from backends.inhouse.serving.engine_loop import EngineLoop
 from backends.inhouse.serving.validation import ModelContext
-from harness.suite.schema import HEADS, METHODS, POLICIES, WEIGHTED_METHODS  # the suite's names are the choices
+from contracts.names import DTYPES, HEADS, METHODS, POLICIES, WEIGHTED_METHODS  # the suite's names are the choices
 
 EXIT_USAGE = 2
 
@@ -58,17 +58,17 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 
 def load(args: argparse.Namespace):
-    """(engine, tokenizer, stop token ids, version) for these options, built by the in-house backend."""
+    """(engine, tokenizer, stop token ids, version) for these options, built as the in-house backend builds a
+    cell's engine (`backends.inhouse.build`)."""
     import torch
     import transformers
 
-    from backends.inhouse.adapter import InhouseBackend
-    from harness.cells import DrafterSpec, PolicySpec, TargetSpec
+    from backends.inhouse.build import Models, device_for, serving_engine
+    from contracts.cells import DrafterSpec, PolicySpec, TargetSpec
 
-    backend = InhouseBackend(device=args.device, num_slots=args.num_slots, max_context=args.max_context,
-                             num_threads=args.num_threads)
-    built = backend.build_engine(
-        TargetSpec("served", args.target, args.dtype),
+    models = Models(device_for(args.device, args.num_threads))
+    built = serving_engine(
+        models, TargetSpec("served", args.target, args.dtype),
         DrafterSpec(args.drafter_method, args.drafter_method, args.drafter_checkpoint, args.head), args.num_drafts,
         PolicySpec(args.policy, args.verify_length, args.threshold, args.sps_table),
         temperature=args.policy_temperature, num_slots=args.num_slots, max_context=args.max_context)
@@ -96,7 +96,7 @@ def serve_thread(engine, tokenizer, stop_token_ids, *, host: str = "127.0.0.1", 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="harness serve", description="Serve the in-house engine over an OpenAI-compatible API.")
     p.add_argument("--target", default="embedded", help="target path, hub id or 'embedded' (default)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--drafter-method", default="none", choices=METHODS)
     p.add_argument("--drafter-checkpoint", default=None,
                    help="draft checkpoint directory or embedded:<draft>; draft_model: a causal LM (or 'embedded')")
@@ -154,7 +154,7 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def serve_main(argv: list[str] | None = None) -> int:
     """`harness serve …` / `python -m backends.inhouse.server …`: listen, load, serve until SIGTERM/SIGINT."""
-    from backends.base import BackendError
+    from contracts.backend import BackendError
 
     p = parser()
     args = p.parse_args(argv)

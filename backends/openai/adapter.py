@@ -22,7 +22,8 @@ from the client's timings (and `ttft_server_mean`, the server's own TTFT histogr
 phase, where /metrics has vLLM's `vllm:time_to_first_token_seconds`: the client's TTFT held against
 it); acceptance from the responses' per-request spec extension if every measured
 response has it, else from the server's Prometheus counters (`metrics.py`), else none —
-`provenance["acceptance_source"]` says which.
+`provenance["acceptance_source"]` says which. The result holds raw records and counters only; the
+executor derives every metric from them (`harness.metrics.derive`).
 
 `run_cell_at(endpoint, cell, ...)` is the whole measurement given an endpoint: server backends (vLLM,
 SGLang) start their server, then call it.
@@ -36,12 +37,13 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from backends.base import BackendError, Progress
+from contracts.backend import BackendError, Progress
 from backends.openai.client import ApiRequest, Endpoint, Load, Send, StreamedResponse, run_openai_load
-from backends.openai.metrics import DIRECT, ServerTTFT, SpecCounts, parse_prometheus, per_request_steps, scrape
-from harness import model_refs, redaction
-from harness.cells import Cell, CellResult, RequestResult
-from harness.metrics import MeasurementWindow, MetricSet, summarise
+from backends.openai.metrics import DIRECT, parse_prometheus, per_request_steps, scrape, server_ttft, spec_counts
+from contracts import redaction
+from inputs import model_refs
+from contracts.cells import Cell, CellResult, RequestResult
+from contracts.records import MeasurementWindow, SpecCounts
 
 OPTIONS = ("base_url", "model", "api_key_env", "chat", "tokenizer", "timeout_s", "logprobs", "metrics")
 
@@ -110,7 +112,7 @@ def run_cell_at(endpoint: Endpoint, cell: Cell, progress: Progress | None = None
     `tokenizer` (prompt ids, and answers decoded for the next turn); chat sends messages. `provenance`
     adds to / overrides what this function reports (a server backend knows its version and device).
     `send`: another API for the same conversations and load (SGLang's /generate; default the OpenAI API)."""
-    from harness.tasks import load_task, prompt_ids, render_messages
+    from inputs.tasks import load_task, prompt_ids, render_messages
 
     if not endpoint.chat and tokenizer is None:
         raise BackendError("completions with token ids need the target's tokenizer (or chat: true)")
@@ -159,13 +161,12 @@ def run_cell_at(endpoint: Endpoint, cell: Cell, progress: Progress | None = None
         r.conversation += warm
     counts = ttft = None
     if before is not None and after is not None:
-        spec = [SpecCounts.from_samples(before), SpecCounts.from_samples(after)]
+        spec = [spec_counts(before), spec_counts(after)]
         counts = spec[1] - spec[0] if None not in spec else None
-        times = [ServerTTFT.from_samples(before), ServerTTFT.from_samples(after)]
+        times = [server_ttft(before), server_ttft(after)]
         ttft = times[1] - times[0] if None not in times else None
     result = _result(cell, endpoint, data.content_hash, warmup, measured, counts, provenance or {}, log)
-    if ttft is not None:
-        result.metrics = MetricSet({**result.metrics, "ttft_server_mean": ttft.metric()})
+    result.server_ttft = ttft
     return result
 
 
@@ -184,10 +185,6 @@ def _result(cell: Cell, endpoint: Endpoint, dataset_hash: str, warmup: list[Stre
                                       is_warmup, tuple(r.token_ids), tuple(r.prompt_ids)))
     window = MeasurementWindow.after_warmup_phase(
         [r.record for r in requests if not r.warmup], [r.record for r in requests if r.warmup])
-    records = [r.record for r in requests]
-    metrics = summarise(records, [], window, sla=cell.sla)
-    if source == "prometheus":
-        metrics = MetricSet({**metrics, **counts.metrics(cell.num_drafts)})
     provenance = {
         "target_hash": _fingerprint(cell.target.path),
         "draft_hash": _fingerprint(cell.drafter.checkpoint) if cell.drafter.checkpoint else "",
@@ -201,7 +198,8 @@ def _result(cell: Cell, endpoint: Endpoint, dataset_hash: str, warmup: list[Stre
     }
     if counts is not None:
         provenance["prometheus_spec_decode"] = json.dumps(counts.as_dict(), sort_keys=True)
-    return CellResult(requests, [], window, provenance | extra, None, metrics, [], log)
+    return CellResult(requests, [], window, provenance | extra, log=log,
+                      spec_counts=counts if source == "prometheus" else None)
 
 
 def _without_steps(response: StreamedResponse, num_drafts: int):

@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from backends.openai.metrics import per_request_usage
-from harness.metrics.records import RequestRecord
+from contracts.records import RequestRecord
 
 Clock = Callable[[], float]
 

@@ -28,9 +28,9 @@ Two sources, best first (the adapter records which one it used as `acceptance_so
 
 One acceptance definition (`harness.metrics.acceptance`): τ = 1 + accepted / drafting steps, which is
 vLLM's `1 + accepted_tokens / drafts` from either source; the steps counter (our server) adds draft
-coverage and tokens per target forward, which need every step. Per-position acceptance from counters assumes
-every drafting step verified all γ positions (vLLM's fixed γ); it is reported only when the counters
-show that (draft tokens = γ × drafts).
+coverage and tokens per target forward, which need every step. This module only reads the counters into the
+raw records `contracts.records.SpecCounts` / `ServerTTFT`; what they mean as metrics is derived in
+`harness.metrics.server_counts`, as every other metric.
 """
 
 from __future__ import annotations
@@ -38,11 +38,9 @@ from __future__ import annotations
 import math
 import re
 import urllib.request
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from harness.metrics.metric import Metric, ratio
-from harness.metrics.records import RequestRecord
+from contracts.records import ServerTTFT, SpecCounts
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -98,116 +96,39 @@ def scrape(root_url: str, timeout_s: float = 10.0, headers: Mapping[str, str] | 
         return response.read().decode("utf-8", errors="replace")
 
 
-@dataclass(frozen=True)
-class SpecCounts:
-    """Speculative-decoding counts of a server (cumulative) or of a window (a difference of two scrapes)."""
+def spec_counts(samples: Samples) -> SpecCounts | None:
+    """Sum each counter over its other labels; None if the server exports no spec-decode counters."""
+    sums: dict[str, float] = {}
+    per_pos: dict[int, float] = {}
+    for (name, labels), value in samples.items():
+        if math.isnan(value):
+            continue
+        if name == ACCEPTED_PER_POS:
+            position = dict(labels).get("position")
+            if position is not None and position.isdigit():
+                per_pos[int(position)] = per_pos.get(int(position), 0.0) + value
+        elif name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, STEPS):
+            sums[name] = sums.get(name, 0.0) + value
+    if DRAFTS not in sums and STEPS not in sums:
+        return None
+    gamma = max(per_pos, default=-1) + 1
+    return SpecCounts(int(sums.get(DRAFTS, 0)), int(sums.get(DRAFT_TOKENS, 0)), int(sums.get(ACCEPTED, 0)),
+                      tuple(int(per_pos.get(k, 0)) for k in range(gamma)),
+                      int(sums[STEPS]) if STEPS in sums else None)
 
-    drafts: int  # (request, step) pairs that verified ≥ 1 draft
-    draft_tokens: int  # drafts verified
-    accepted: int  # drafts accepted
-    accepted_per_pos: tuple[int, ...]  # [γ] steps that accepted drafts 1 … k+1, k = 0 … γ−1
-    steps: int | None = None  # all verify steps (dspark counter); None where the server does not export it
 
-    @classmethod
-    def from_samples(cls, samples: Samples) -> SpecCounts | None:
-        """Sum each counter over its other labels; None if the server exports no spec-decode counters."""
-        sums: dict[str, float] = {}
-        per_pos: dict[int, float] = {}
-        for (name, labels), value in samples.items():
-            if math.isnan(value):
-                continue
-            if name == ACCEPTED_PER_POS:
-                position = dict(labels).get("position")
-                if position is not None and position.isdigit():
-                    per_pos[int(position)] = per_pos.get(int(position), 0.0) + value
-            elif name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, STEPS):
-                sums[name] = sums.get(name, 0.0) + value
-        if DRAFTS not in sums and STEPS not in sums:
-            return None
-        gamma = max(per_pos, default=-1) + 1
-        return cls(int(sums.get(DRAFTS, 0)), int(sums.get(DRAFT_TOKENS, 0)), int(sums.get(ACCEPTED, 0)),
-                   tuple(int(per_pos.get(k, 0)) for k in range(gamma)),
-                   int(sums[STEPS]) if STEPS in sums else None)
-
-    @classmethod
-    def from_text(cls, text: str) -> SpecCounts | None:
-        return cls.from_samples(parse_prometheus(text))
-
-    @classmethod
-    def from_records(cls, records: Sequence[RequestRecord]) -> SpecCounts:
-        """What the counters would show for these requests' steps (failed requests included, as a server
-        counts them): for cross-checking the two sources."""
-        pairs = [(v, a) for r in records for v, a in zip(r.num_verified, r.num_accepted)]
-        gamma = max((r.num_drafts for r in records), default=0)
-        return cls(sum(v > 0 for v, _ in pairs), sum(v for v, _ in pairs), sum(a for _, a in pairs),
-                   tuple(sum(a > k for _, a in pairs) for k in range(gamma)), len(pairs))
-
-    def __sub__(self, before: SpecCounts) -> SpecCounts:
-        """after − before, per counter (positions the earlier scrape lacked count from 0)."""
-        gamma = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
-        pad = lambda p: tuple(p) + (0,) * (gamma - len(p))  # noqa: E731
-        steps = self.steps - before.steps if self.steps is not None and before.steps is not None else None
-        return SpecCounts(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
-                          self.accepted - before.accepted,
-                          tuple(a - b for a, b in zip(pad(self.accepted_per_pos), pad(before.accepted_per_pos))), steps)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SpecCounts:
-        """The inverse of `as_dict` (e.g. from a cell's `provenance["prometheus_spec_decode"]` JSON)."""
-        return cls(int(d["drafts"]), int(d["draft_tokens"]), int(d["accepted"]),
-                   tuple(int(n) for n in d["accepted_per_pos"]), None if d.get("steps") is None else int(d["steps"]))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted": self.accepted,
-                "accepted_per_pos": list(self.accepted_per_pos), "steps": self.steps}
-
-    def metrics(self, num_drafts: int) -> dict[str, Metric]:
-        """The acceptance metrics of `harness.metrics.summarise` that these counts determine (module
-        docstring for the conventions); positions up to `num_drafts` (γ)."""
-        drafts = self.drafts
-        out = {
-            "acceptance_length": Metric(1 + self.accepted / drafts if drafts else None, "tokens/step", drafts),
-            "accepted_per_step": ratio(self.accepted, drafts, "drafts/step"),
-            "verified_per_step": ratio(self.draft_tokens, drafts, "drafts/step"),
-            "draft_acceptance_rate": ratio(self.accepted, self.draft_tokens, "fraction"),
-            "wasted_verification_fraction": ratio(self.draft_tokens - self.accepted, self.draft_tokens, "fraction"),
-        }
-        if self.steps is not None:  # every step, drafting or not (our server's counter)
-            out["draft_coverage"] = ratio(drafts, self.steps, "fraction")
-            out["tokens_per_target_forward"] = ratio(self.accepted + self.steps, self.steps, "tokens/step")
-        if num_drafts > 0 and self.drafts > 0 and self.draft_tokens == num_drafts * self.drafts:
-            per_pos = tuple(self.accepted_per_pos) + (0,) * max(0, num_drafts - len(self.accepted_per_pos))
-            for k in range(1, num_drafts + 1):
-                out[f"position_acceptance_unconditional_k{k}"] = ratio(per_pos[k - 1], self.drafts, "fraction")
-            for k in range(1, num_drafts + 1):
-                below = per_pos[k - 2] if k > 1 else self.drafts
-                out[f"position_acceptance_conditional_k{k}"] = ratio(per_pos[k - 1], below, "fraction")
-        return out
+def spec_counts_from_text(text: str) -> SpecCounts | None:
+    return spec_counts(parse_prometheus(text))
 
 
 TTFT = "vllm:time_to_first_token_seconds"
 
 
-@dataclass(frozen=True)
-class ServerTTFT:
-    """The server's own TTFT histogram totals (vLLM's `vllm:time_to_first_token_seconds`, our server's
-    too), cumulative or a window's difference: the server-side twin of the client's `ttft_mean`."""
-
-    sum_s: float
-    count: int
-
-    @classmethod
-    def from_samples(cls, samples: Samples) -> ServerTTFT | None:
-        total = sum(v for (name, _), v in samples.items() if name == TTFT + "_sum" and not math.isnan(v))
-        count = [v for (name, _), v in samples.items() if name == TTFT + "_count" and not math.isnan(v)]
-        return cls(float(total), int(sum(count))) if count else None
-
-    def __sub__(self, before: ServerTTFT) -> ServerTTFT:
-        return ServerTTFT(self.sum_s - before.sum_s, self.count - before.count)
-
-    def metric(self) -> Metric:
-        """`ttft_server_mean`: Σ server TTFT ÷ requests it timed (server-wide, like the spec counters)."""
-        return ratio(self.sum_s, self.count, "s")
+def server_ttft(samples: Samples) -> ServerTTFT | None:
+    """The server's TTFT histogram totals (`vllm:time_to_first_token_seconds` _sum and _count); None: none."""
+    total = sum(v for (name, _), v in samples.items() if name == TTFT + "_sum" and not math.isnan(v))
+    count = [v for (name, _), v in samples.items() if name == TTFT + "_count" and not math.isnan(v)]
+    return ServerTTFT(float(total), int(sum(count))) if count else None
 
 
 def per_request_steps(usage: Mapping[str, Any], num_drafts: int) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:

@@ -23,12 +23,12 @@ import functools
 import shlex
 from pathlib import Path
 
-from backends.base import BackendError, BackendUnavailable, Progress
+from contracts.backend import BackendError, BackendUnavailable, Progress
 from backends.server_backend import ServerBackend, installed
 from backends.sglang import server
 from backends.sglang.server import ADAPTER_OPTIONS, DEFAULT_PORT
-from harness import model_refs
-from harness.cells import Cell, CellResult
+from inputs import model_refs
+from contracts.cells import Cell, CellResult
 
 
 class SGLangBackend(ServerBackend):

@@ -16,11 +16,12 @@ from __future__ import annotations
 import sys
 from typing import Any, Mapping
 
-from backends.base import BackendError, option_flags
+from backends.server_args import option_flags
+from contracts.backend import BackendError
 from backends.draft_methods import method_for
 from backends.engine_version import EngineVersion, Since, keep
-from harness import model_refs
-from harness.cells import Cell
+from inputs import model_refs
+from contracts.cells import Cell
 
 ALGORITHMS = {"dspark": "DSPARK", "dflash": "DFLASH", "eagle3": "EAGLE3", "ngram": "NGRAM",
               "draft_model": "STANDALONE"}

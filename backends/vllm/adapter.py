@@ -32,13 +32,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from backends.base import BackendError, BackendUnavailable, Progress
+from contracts.backend import BackendError, BackendUnavailable, Progress
 from backends.openai.metrics import per_request_usage  # vLLM's per-request block → our spec extension
 from backends.server_backend import ServerBackend, installed
 from backends.vllm import server
 from backends.vllm.server import ADAPTER_OPTIONS, DEFAULT_PORT, draft_location, interpreter, speculative_config
-from harness import model_refs
-from harness.cells import Cell, CellResult
+from inputs import model_refs
+from contracts.cells import Cell, CellResult
 
 EXPORT_TIMEOUT_S = 600.0
 

@@ -36,11 +36,12 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from backends.base import BackendError, interpreter, option_flags
+from backends.server_args import interpreter, option_flags
+from contracts.backend import BackendError
 from backends.draft_methods import method_for
 from backends.engine_version import EngineVersion, Since, versioned
-from harness import model_refs
-from harness.cells import Cell
+from inputs import model_refs
+from contracts.cells import Cell
 
 METHODS = {"dspark": "dspark", "dflash": "dflash", "eagle3": "eagle3", "ngram": "ngram", "draft_model": "draft_model"}
 DEFAULT_PORT = 8000

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Protocol, Sequence
 
-from harness.cells import Cell
+from contracts.cells import Cell
 from harness.executors.cell_run import CellRun, measure_cell
 
 EXECUTORS = ("local", "ray")

@@ -1,4 +1,7 @@
-"""One cell measured by its backend, failures captured: what every executor runs for each cell."""
+"""One cell measured by its backend, its metrics derived, failures captured: what every executor runs for each cell.
+
+The backend returns raw records; `harness.metrics.derive` turns them into metrics here, in the worker that
+ran the cell, so a Ray worker ships back a result the driver only stores."""
 
 from __future__ import annotations
 
@@ -7,7 +10,8 @@ import traceback
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from harness.cells import Cell, CellResult
+from contracts.cells import Cell, CellResult
+from harness.metrics.derive import derive
 
 
 @dataclass
@@ -40,7 +44,7 @@ def measure_cell(cell: Cell, repeat: int, backend, progress=None, interrupt: tup
     result: CellResult | None = None
     error = log = None
     try:
-        result = backend.run_cell(cell, progress=progress)
+        result = derive(cell, backend.run_cell(cell, progress=progress))
         failed = [r for r in result.requests if r.record.failed]
         if result.requests and len(failed) == len(result.requests):
             raise RuntimeError(f"every request failed; first: {failed[0].record.error}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Sequence
 
-from harness.cells import Cell
+from contracts.cells import Cell
 from harness.executors.cell_run import CellRun, measure_cell
 
 
@@ -19,7 +19,7 @@ class LocalExecutor:
         self.backends: dict[str, object] = {}
 
     def _backend(self, cell: Cell, options_for: Callable[[Cell], dict]):
-        from backends.base import get_backend
+        from contracts.backend import get_backend
 
         if cell.backend not in self.backends:
             self.backends[cell.backend] = get_backend(cell.backend, **options_for(cell))
@@ -28,7 +28,7 @@ class LocalExecutor:
     def prepare(self, cells: Sequence[Cell], options_for: Callable[[Cell], dict]) -> dict[str, str | None]:
         """cell id → server config key (None: in process, or the backend could not be built — its cells
         then fail one by one when they run, as before)."""
-        from backends.base import plan_servers, server_config_key
+        from contracts.backend import plan_servers, server_config_key
 
         keys: dict[str, str | None] = {}
         by_backend: dict[str, list[Cell]] = {}
@@ -47,7 +47,7 @@ class LocalExecutor:
     def run(self, work: Sequence[tuple[Cell, int]], options_for: Callable[[Cell], dict], display,
             resources_for: Callable[[Cell], dict] | None = None, chain_for=None) -> Iterator[CellRun]:
         """Every (cell, repeat) in the order given: one chain already, so `chain_for` changes nothing."""
-        from harness.runner import Interrupted
+        from harness.run_errors import Interrupted
 
         for cell, repeat in work:
             display.cell_started(cell, repeat)

@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Sequence
 
-from harness.cells import Cell
+from contracts.cells import Cell
 from harness.executors.cell_run import CellRun, measure_cell
 
 DEFAULT_RESOURCES = {"num_cpus": 1.0, "num_gpus": 0.0}
@@ -81,8 +81,8 @@ class RayExecutor:
         """`address`: a running cluster ("auto", "ray://host:10001", "host:6379"); None starts a local Ray
         instance (`init_options` go to `ray.init`, e.g. num_cpus) unless Ray is initialised already.
         `max_retries`: resubmissions of a task whose worker or node was lost. `backend_factory(name,
-        options)` builds a backend in the worker (default: backends.base.get_backend); picklable."""
-        from harness.runner import RunError
+        options)` builds a backend in the worker (default: contracts.backend.get_backend); picklable."""
+        from harness.run_errors import RunError
 
         try:
             import ray  # noqa: F401
@@ -210,7 +210,7 @@ class RayExecutor:
 def _reraise_signal(exc: BaseException) -> None:
     """Ctrl-C / SIGTERM (the runner's handler raises `Interrupted`) inside Ray's C code surfaces as a
     SystemError caused by it: raise what the handler raised, never record it as the cell's failure."""
-    from harness.runner import Interrupted
+    from harness.run_errors import Interrupted
 
     for error in (exc, exc.__cause__, exc.__context__):
         if isinstance(error, (Interrupted, KeyboardInterrupt)):
@@ -264,7 +264,7 @@ def _run_task(cell: Cell, repeat: int, options: dict, resources: dict, attempt: 
               backend_factory: Callable[[str, dict], Any] | None) -> CellRun:
     """One cell in a Ray worker: the backend (cached unless it starts a server or holds GPUs), then
     `measure_cell`, which turns any failure of the cell into its error."""
-    from backends.base import SERVER_COMMANDS, get_backend
+    from contracts.backend import SERVER_COMMANDS, get_backend
 
     os.environ.update(env)
     if os.path.isdir(cwd):

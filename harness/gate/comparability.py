@@ -1,7 +1,7 @@
 """Which candidate cell may be judged against which baseline cell, on which metrics, and why not.
 
 A candidate cell is paired with the baseline cell of the same `cell_id` (a hash of the measurement's
-parameters, `harness.cells.Cell.cell_id`). What it may be judged on depends on the metric: each metric
+parameters, `contracts.cells.Cell.cell_id`). What it may be judged on depends on the metric: each metric
 declares its scope beside its definition (`harness.metrics.dependencies`):
 
 - CONTENT metrics (acceptance, per-position acceptance, ECE/Brier) compare where the content parts agree

@@ -1,12 +1,12 @@
 """Every derived metric of the project, defined once, with its convention beside it (DSPARK.md §4).
 
-Backends report raw records (`records.py`): per request, token counts, timestamps and per-step
+Backends report raw records (`contracts.records`): per request, token counts, timestamps and per-step
 (verified, accepted, confidence) counters; per engine step, batch size, verified/accepted drafts and
 wall time. Every ratio is derived here, as a simple aggregate over those records, so that the store's
 DuckDB views can mirror each definition (the SQL beside each function). One module per concept:
 
-    records.py      RequestRecord, StepRecord, from_counters (dspark_core RequestCounters → record)
-    window.py       the measurement window: requests count by finish time, warm-up excluded
+    window.py       the measurement window's rule: requests count by finish time, warm-up excluded
+                    (the records and the window themselves: `contracts.records`)
     acceptance.py   τ = 1 + accepted / drafting steps (vLLM's convention), draft coverage, tokens per
                     target forward, tokens cut at the budget, wasted fraction, per-position α_k/β_k
     confidence.py   ECE/Brier raw and STS-calibrated via dspark_core.calibration
@@ -28,7 +28,7 @@ Tables the SQL assumes (one row per raw item; `:start_s`, `:end_s` are the windo
     request_steps(request_id, step, num_drafts, num_verified, num_accepted)
     request_tokens(request_id, token_index, t_s)
     step_confidences(request_id, step, position, logit)
-    engine_steps(step, t_s, batch_size, num_verified, num_accepted, wall_s)
+    engine_steps(step, t_s, batch_size, num_verified, num_accepted, wall_s, draft_length, num_prefilled)
 
     ok              = requests WHERE error IS NULL AND finish_s >= :start_s AND finish_s < :end_s
     ok_steps        = request_steps JOIN ok USING (request_id)
@@ -59,26 +59,30 @@ from harness.metrics.latency import (
     user_speed,
     user_speed_samples,
 )
-from harness.metrics.metric import Metric, MetricSet
 from harness.metrics.percentiles import describe, percentile
-from harness.metrics.records import RequestRecord, StepRecord, from_counters
 from harness.metrics.summary import summarise
 from harness.metrics.rates import (
-    SLA,
     failed_request_rate,
     goodput,
+    meets,
     request_throughput,
     sla_attainment,
     speedup,
     throughput,
 )
-from harness.metrics.window import MeasurementWindow, requests_in, steps_in, succeeded
+from harness.metrics.window import requests_in, steps_in, succeeded
+
+# The record and value types the metrics read and return live in the leaf `contracts` (backends fill them);
+# they are named here too so that harness code has one import for "records in, metrics out".
+from contracts.cells import SLA
+from contracts.metric import Metric, MetricSet
+from contracts.records import MeasurementWindow, RequestRecord, StepRecord
 
 __all__ = [
     "SLA", "MeasurementWindow", "Metric", "MetricSet", "RequestRecord", "StepRecord", "acceptance_length",
     "accepted_per_step", "budget_cut_tokens", "calibration_metrics", "calibration_reports", "confidence_table",
     "describe", "draft_acceptance_rate", "draft_coverage", "emission_events", "failed_request_rate",
-    "from_counters", "goodput", "itl_samples", "percentile", "position_acceptance_conditional",
+    "goodput", "meets", "itl_samples", "percentile", "position_acceptance_conditional",
     "position_acceptance_unconditional", "request_throughput", "requests_in", "sla_attainment", "speedup",
     "steps_in", "succeeded", "summarise", "throughput", "tokens_per_target_forward", "tpot", "tpot_samples", "ttft",
     "ttft_samples", "user_speed", "user_speed_samples", "verified_per_step", "wasted_verification_fraction",

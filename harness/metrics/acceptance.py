@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from harness.metrics.metric import Metric, ratio
-from harness.metrics.records import RequestRecord
+from contracts.metric import Metric, ratio
+from contracts.records import RequestRecord
 from harness.metrics.dependencies import CONTENT
 
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from harness.metrics.metric import Metric
-from harness.metrics.records import RequestRecord
+from contracts.metric import Metric
+from contracts.records import RequestRecord
 from harness.metrics.dependencies import CONTENT
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from harness.metrics.records import RequestRecord
+from contracts.records import RequestRecord
 from harness.metrics.dependencies import HARDWARE
 
 

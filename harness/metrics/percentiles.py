@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from harness.metrics.metric import Metric
+from contracts.metric import Metric
 
 LATENCY_PERCENTILES = (50, 90, 99)  # lower is better: the tail is high
 SPEED_PERCENTILES = (1, 10, 50)  # higher is better: the tail is low

@@ -7,12 +7,12 @@ the span of the counted requests, so idle time inside the window costs throughpu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from contracts.cells import SLA
 from harness.metrics import latency
-from harness.metrics.metric import Metric, ratio
-from harness.metrics.records import RequestRecord
+from contracts.metric import Metric, ratio
+from contracts.records import RequestRecord
 from harness.metrics.window import MeasurementWindow, requests_in, succeeded
 from harness.metrics.dependencies import HARDWARE
 
@@ -46,33 +46,17 @@ def failed_request_rate(records: Sequence[RequestRecord], window: MeasurementWin
     return ratio(sum(r.failed for r in inside), len(inside), "fraction")
 
 
-@dataclass(frozen=True)
-class SLA:
-    """Per-request service bounds, the one SLA type: the suite's `sla:` section (harness.suite.schema checks
-    its values), a cell's `sla` and what goodput and attainment judge by. None leaves a bound out.
-
-    ttft_s                 time to first token at most this
-    tpot_s                 time per output token (after the first) at most this
-    min_user_tokens_per_s  the request's decode speed at least this
-
-    A request meets the SLA iff it succeeded and meets every bound that applies to it: a one-token request
-    has no TPOT or decode speed, so those bounds are vacuous for it (its TTFT bound still applies)."""
-
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    min_user_tokens_per_s: float | None = None
-
-    def met_by(self, record: RequestRecord) -> bool:
-        """SQL: `error IS NULL AND coalesce(ttft <= :ttft_s, true) AND coalesce(tpot <= :tpot_s, true)
-        AND coalesce(user_speed >= :min_user_tokens_per_s, true)` (NULL metric or NULL bound passes)."""
-        if record.failed:
-            return False
-        checks = (
-            (self.ttft_s, latency.ttft(record), lambda x, bound: x <= bound),
-            (self.tpot_s, latency.tpot(record), lambda x, bound: x <= bound),
-            (self.min_user_tokens_per_s, latency.user_speed(record), lambda x, bound: x >= bound),
-        )
-        return all(bound is None or x is None or ok(x, bound) for bound, x, ok in checks)
+def meets(sla: SLA, record: RequestRecord) -> bool:
+    """SQL: `error IS NULL AND coalesce(ttft <= :ttft_s, true) AND coalesce(tpot <= :tpot_s, true)
+    AND coalesce(user_speed >= :min_user_tokens_per_s, true)` (NULL metric or NULL bound passes)."""
+    if record.failed:
+        return False
+    checks = (
+        (sla.ttft_s, latency.ttft(record), lambda x, bound: x <= bound),
+        (sla.tpot_s, latency.tpot(record), lambda x, bound: x <= bound),
+        (sla.min_user_tokens_per_s, latency.user_speed(record), lambda x, bound: x >= bound),
+    )
+    return all(bound is None or x is None or ok(x, bound) for bound, x, ok in checks)
 
 
 def goodput(records: Sequence[RequestRecord], window: MeasurementWindow, sla: SLA) -> Metric:
@@ -81,7 +65,7 @@ def goodput(records: Sequence[RequestRecord], window: MeasurementWindow, sla: SL
 
     SQL: `sum(output_tokens) FILTER (WHERE meets_sla) / (:end_s - :start_s) FROM ok`.
     """
-    good = [r for r in requests_in(records, window) if sla.met_by(r)]
+    good = [r for r in requests_in(records, window) if meets(sla, r)]
     return ratio(sum(r.output_tokens for r in good), window.duration_s, "tokens/s", n=len(good))
 
 
@@ -91,7 +75,7 @@ def sla_attainment(records: Sequence[RequestRecord], window: MeasurementWindow, 
     SQL: `avg(meets_sla::DOUBLE) FROM requests WHERE finish_s >= :start_s AND finish_s < :end_s`.
     """
     inside = requests_in(records, window)
-    return ratio(sum(sla.met_by(r) for r in inside), len(inside), "fraction")
+    return ratio(sum(meets(sla, r) for r in inside), len(inside), "fraction")
 
 
 SPEEDUP_OF = {"speedup": "throughput", "speedup_user_speed": "user_speed_mean"}

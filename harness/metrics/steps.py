@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from harness.metrics.metric import Metric, ratio
-from harness.metrics.records import StepRecord
+from contracts.metric import Metric, ratio
+from contracts.records import StepRecord
 from harness.metrics.dependencies import HARDWARE
 
 

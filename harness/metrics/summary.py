@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from harness.metrics import acceptance, confidence, latency, rates, steps as step_metrics
-from harness.metrics.metric import Metric, MetricSet
+from contracts.metric import Metric, MetricSet
 from harness.metrics.percentiles import LATENCY_PERCENTILES, SPEED_PERCENTILES, describe
-from harness.metrics.records import RequestRecord, StepRecord
+from contracts.records import RequestRecord, StepRecord
 from harness.metrics.window import MeasurementWindow, requests_in, steps_in, succeeded
 from harness.metrics.dependencies import HARDWARE
 

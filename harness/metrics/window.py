@@ -1,4 +1,5 @@
-"""The measurement window: which requests and steps a measurement counts.
+"""The measurement window: which requests and steps a measurement counts (the window itself, a record the
+backend reports, is `contracts.records.MeasurementWindow`).
 
 Rule: a request counts iff it *finished* (or failed) inside the half-open window
 `start_s <= finish_s < end_s`; it then counts whole — all its tokens, steps and latencies — even if it
@@ -16,50 +17,9 @@ SQL: `WHERE finish_s >= :start_s AND finish_s < :end_s` (steps: `t_s` instead of
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Sequence
 
-from harness.metrics.records import RequestRecord, StepRecord
-
-
-@dataclass(frozen=True)
-class MeasurementWindow:
-    start_s: float
-    end_s: float
-
-    def __post_init__(self) -> None:
-        if not self.end_s >= self.start_s:
-            raise ValueError(f"window end {self.end_s} is before its start {self.start_s}")
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
-
-    def contains(self, t_s: float) -> bool:
-        return self.start_s <= t_s < self.end_s
-
-    @classmethod
-    def after_warmup(cls, records: Sequence[RequestRecord], warmup_s: float = 0.0) -> MeasurementWindow:
-        """From `warmup_s` after the first arrival to just past the last finish (so the last one counts)."""
-        if not records:
-            raise ValueError("no records to place a window on")
-        start = min(r.arrival_s for r in records) + warmup_s
-        end = math.nextafter(max(r.finish_s for r in records), math.inf)
-        return cls(start, max(start, end))
-
-
-    @classmethod
-    def after_warmup_phase(cls, measured: Sequence[RequestRecord], warmup: Sequence[RequestRecord] = ()) -> MeasurementWindow:
-        """For a warm-up run as its own phase before the measured load: from just after the last warm-up
-        finish (else the first measured arrival) to just past the last measured finish, so every measured
-        request counts and no warm-up request does."""
-        measured = list(measured) or list(warmup)
-        if not measured:
-            raise ValueError("no records to place a window on")
-        start = math.nextafter(max(r.finish_s for r in warmup), math.inf) if warmup else min(r.arrival_s for r in measured)
-        end = math.nextafter(max(r.finish_s for r in measured), math.inf)
-        return cls(start, max(start, end))
+from contracts.records import MeasurementWindow, RequestRecord, StepRecord
 
 
 def requests_in(records: Sequence[RequestRecord], window: MeasurementWindow) -> list[RequestRecord]:

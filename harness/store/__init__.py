@@ -37,7 +37,8 @@ monotonic clock, `*_at` naive UTC timestamps, JSON columns canonical JSON text):
     request_steps(run_id, cell_id, repeat, request_id, step, num_drafts, num_verified, num_accepted)
     request_tokens(run_id, cell_id, repeat, request_id, token_index, t_s)
     step_confidences(run_id, cell_id, repeat, request_id, step, position (1-based), logit)
-    engine_steps(run_id, cell_id, repeat, step, t_s, batch_size, num_verified, num_accepted, wall_s)
+    engine_steps(run_id, cell_id, repeat, step, t_s, batch_size, num_verified, num_accepted, wall_s,
+                 draft_length, num_prefilled)   (draft_length, num_prefilled: schema 6; NULL before it)
     calibration_bins(run_id, cell_id, repeat, kind, position, bin, lower, upper, count, confidence_sum,
                      outcome_sum)
     metrics(run_id, cell_id, repeat, metric, value (NULL: undefined), unit, n)

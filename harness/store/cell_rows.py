@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.cells import CalibrationBin, CellResult, RequestResult
-from harness.metrics import MeasurementWindow, Metric, MetricSet, RequestRecord, StepRecord
+from contracts.cells import CalibrationBin, CellResult, RequestResult
+from contracts.metric import Metric, MetricSet
+from contracts.records import MeasurementWindow, RequestRecord, StepRecord
 
 
 def canonical_json(value: Any) -> str:
@@ -68,6 +69,7 @@ def result_columns(result: CellResult) -> dict[str, dict[str, list]]:
         "step": [s.step for s in result.steps], "t_s": [s.t_s for s in result.steps],
         "batch_size": [s.batch_size for s in result.steps], "num_verified": [s.num_verified for s in result.steps],
         "num_accepted": [s.num_accepted for s in result.steps], "wall_s": [s.wall_s for s in result.steps],
+        "draft_length": [s.draft_length for s in result.steps], "num_prefilled": [s.num_prefilled for s in result.steps],
     }
     bin_fields = ("kind", "position", "bin", "lower", "upper", "count", "confidence_sum", "outcome_sum")
     bins = {name: [getattr(b, name) for b in result.calibration_bins] for name in bin_fields}
@@ -115,7 +117,8 @@ def build_result(cell_row: dict, tables: dict[str, list[dict]]) -> CellResult | 
         ))
     engine_steps = [
         StepRecord(step=r["step"], t_s=r["t_s"], batch_size=r["batch_size"], num_verified=r["num_verified"],
-                   num_accepted=r["num_accepted"], wall_s=r["wall_s"])
+                   num_accepted=r["num_accepted"], wall_s=r["wall_s"], draft_length=r.get("draft_length") or 0,
+                   num_prefilled=r.get("num_prefilled") or 0)
         for r in sorted(tables["engine_steps"], key=lambda r: r["step"])
     ]
     bins = [

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import duckdb
 
-from harness.redaction import redact
+from contracts.redaction import redact
 from harness.store.cell_rows import canonical_json
 from harness.store.connection import damaged
 from harness.store.errors import StoreError
@@ -156,7 +156,7 @@ def _insert(store: Store, path: Path, run_id: str, tables: dict, label: str | No
 
 
 def _redacted(value):
-    """Text values with secrets masked (`harness.redaction`): an export may be committed. Recording redacts
+    """Text values with secrets masked (`contracts.redaction`): an export may be committed. Recording redacts
     already; this also covers runs recorded before it did."""
     if isinstance(value, str):
         return redact(value)

@@ -120,6 +120,12 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         # the cell's position in its round (0: measured first); repeats are rounds, rotated per round
         "ALTER TABLE cells ADD COLUMN round_slot INTEGER",
     ]),
+    (6, "engine steps as the one step record: engine_steps.draft_length, engine_steps.num_prefilled", [
+        # tokens drafted per request at the step, 0 … γ (0: no draft forward; how often `adaptive` drafted is
+        # `avg((draft_length > 0)::DOUBLE) FROM v_ok_engine_steps`); NULL before v6 (not reported)
+        "ALTER TABLE engine_steps ADD COLUMN draft_length INTEGER",
+        "ALTER TABLE engine_steps ADD COLUMN num_prefilled INTEGER",  # requests admitted at the step; NULL before v6
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from harness.redaction import redact
+from contracts.redaction import redact
 from harness.store.errors import StoreError
 from harness.store.migrations import SCHEMA_VERSION
 from harness.store.store import Store
@@ -61,7 +61,7 @@ def export_parquet(store: Store, run_ids: Iterable[str], directory: str | Path) 
     return written
 
 
-REDACTED_COLUMNS = ("error", "log")  # what a backend or server said: may echo a secret (harness.redaction)
+REDACTED_COLUMNS = ("error", "log")  # what a backend or server said: may echo a secret (contracts.redaction)
 
 
 def _redact_one(text: str | None) -> str | None:

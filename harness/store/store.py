@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 
 import duckdb
 
-from harness.cells import Cell, CellResult
+from contracts.cells import Cell, CellResult
 from harness.store.cell_rows import build_result, canonical_json, result_columns
 from harness.store.connection import DEFAULT_PATH, connect, damaged, sandbox_refusal
 from harness.store.errors import StoreError, one_line

@@ -1,4 +1,4 @@
-"""Suites: flat, versioned YAML files that declare what to measure, expanded into `harness.cells.Cell`s.
+"""Suites: flat, versioned YAML files that declare what to measure, expanded into `contracts.cells.Cell`s.
 
     from harness.suite import load_suite, expand, select, check_paths
 
@@ -10,7 +10,7 @@
 Modules: `document` (safe YAML with line/column marks, include merging), `schema` (the sections and their
 fields), `references` (names that must be defined), `limits` (ceilings on sizes), `backend_options` (each
 backend's options), `metric_names` (what a gate may name), `load` (Suite), `expand` (cells, --only),
-`paths` (check_paths, over harness.model_refs), `errors` (SuiteError).
+`paths` (check_paths, over inputs.model_refs), `errors` (SuiteError).
 """
 
 from harness.suite.document import SUITE_VERSION

@@ -30,7 +30,7 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 from harness.suite.document import DocPath
 from harness.suite.errors import SuiteError, did_you_mean, one_of, show
 from harness.suite.schema import (BACKENDS, CONFIDENCE_METHODS, CONFIDENCE_POLICIES, BUILTIN_POLICIES,

@@ -59,7 +59,7 @@ class Suite:
 
 
 def load_suite(path: PathLike, *, tasks_dirs: PathLike | Iterable[PathLike] | None = None) -> Suite:
-    """Read and validate the suite at `path`; `tasks_dirs` as for harness.tasks.list_tasks."""
+    """Read and validate the suite at `path`; `tasks_dirs` as for inputs.tasks.list_tasks."""
     file = os.fspath(path)
     if not os.path.isfile(file):
         parent = Path(file).parent
@@ -107,7 +107,7 @@ def check_gate_metrics(doc: SuiteDoc, locations: Locations) -> None:
 
 
 def _known_tasks(tasks_dirs: PathLike | Iterable[PathLike] | None) -> list[str]:
-    from harness.tasks import TaskConfigError, list_tasks
+    from inputs.tasks import TaskConfigError, list_tasks
 
     try:
         return list_tasks(tasks_dirs)

@@ -1,6 +1,6 @@
 """`check_paths`: before any cell runs, every local model directory and SPS table the cells use exists.
 
-Model strings are resolved by `harness.model_refs`, the one resolver the backends also load with, so
+Model strings are resolved by `inputs.model_refs`, the one resolver the backends also load with, so
 the check and the run agree: `embedded` is the embedded default's target, `embedded:<name>` one of its
 drafts (models/embedded/drafts/<name>, or under $HARNESS_EMBEDDED_DIR), a path is a local directory, and
 an `org/name` that is not on disk is a hub id, which is not checked here (it is fetched when it loads).
@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from harness import model_refs
-from harness.cells import Cell
+from inputs import model_refs
+from contracts.cells import Cell
 from harness.suite.document import DocPath
 from harness.suite.errors import did_you_mean
 from harness.suite.expand import expand

@@ -1,6 +1,6 @@
 """Names a suite uses must name something: each matrix, defaults, include and exclude value that refers to
 a target, drafter, task or policy must be defined in the suite (or be a built-in: drafter `none`,
-policies full/scheduler/budget), and each task must be one harness.tasks knows, so that user task files
+policies full/scheduler/budget), and each task must be one inputs.tasks knows, so that user task files
 work and a typo is caught with the nearest name and the full list.
 """
 
@@ -20,7 +20,7 @@ def check_references(doc: SuiteDoc, locations: Locations, known_tasks: Sequence[
     for key in doc.tasks:
         if key not in known_tasks:
             raise locations.error(("tasks", key), f"unknown task {show(key)}{did_you_mean(key, known_tasks)}; tasks: "
-                                                  f"{', '.join(known_tasks)} (a task is a YAML file in harness/tasks/ "
+                                                  f"{', '.join(known_tasks)} (a task is a YAML file in inputs/tasks/ "
                                                   f"or $HARNESS_TASKS_DIR)", at="key")
     for key, policy in doc.policies.items():
         if key in POLICIES and policy.name != key:

@@ -23,7 +23,7 @@ unknown keys), and pydantic's errors turned into one-line `SuiteError`s at the o
 
 Strict means YAML types are taken as written: `n_samples: "8"` is an error, not 8; an integer is
 accepted where a number is expected. Checks that span sections (a matrix value naming a defined drafter,
-a task known to harness.tasks) are in `harness.suite.references`; combinations that cannot run (static
+a task known to inputs.tasks) are in `harness.suite.references`; combinations that cannot run (static
 γ' > γ) in `harness.suite.expand`.
 """
 
@@ -36,20 +36,14 @@ from typing import Annotated, Any, NoReturn
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from contracts.backend import BACKENDS as BACKEND_REGISTRY
+from contracts.names import (CONFIDENCE_METHODS, CONFIDENCE_POLICIES, DTYPES, HEADS, LM_METHODS, METHODS,  # noqa: F401
+                             POLICIES, TABLE_POLICIES, WEIGHTED_METHODS)
 from harness.gate.rules import GateRule, Validity
 from harness.suite.document import SUITE_VERSION, DocPath, Locations
 from harness.suite.errors import SuiteError, did_you_mean, one_of, show
 
-BACKENDS = ("inhouse", "vllm", "sglang", "openai")
-METHODS = ("none", "dspark", "dflash", "eagle3", "ngram", "draft_model")
-WEIGHTED_METHODS = ("dspark", "dflash", "eagle3", "draft_model")  # need a checkpoint
-LM_METHODS = ("draft_model",)  # the checkpoint is a Hugging Face causal LM ('embedded': the embedded target)
-CONFIDENCE_METHODS = ("dspark",)  # proposals carry confidence logits (dspark_core DraftConfig: only dspark has the head)
-HEADS = ("markov", "gated", "rnn")
-POLICIES = ("full", "static", "threshold", "scheduler", "budget", "adaptive")
-TABLE_POLICIES = ("scheduler", "budget", "adaptive")  # priced by a measured table (SPS(B); adaptive: step costs)
-CONFIDENCE_POLICIES = ("threshold", "scheduler", "budget")  # read the drafter's confidences
-DTYPES = ("float32", "bfloat16", "float16")
+BACKENDS = tuple(BACKEND_REGISTRY)  # the names below are the contracts' (contracts.names), not copies
 DIRECTIONS = ("higher", "lower")
 TESTS = ("paired_bootstrap", "mann_whitney", "paired_rounds", "threshold")
 LEVELS = ("fail", "warn")

@@ -2,7 +2,7 @@
 
 The harness measures speculative decoding on three task families (math: GSM8K, code: HumanEval, chat:
 MT-Bench), and acceptance depends on how the target writes in each. So the target learns one source per
-family, phrased the way the harness prompts it (see `harness/tasks/*.yaml`):
+family, phrased the way the harness prompts it (see `inputs/tasks/*.yaml`):
 
 - **math**: GSM8K train, user = question + the GSM8K task's instruction line, assistant = the reference
   solution with the calculator annotations (`<<48/2=24>>`) removed and the final `#### 42` rewritten as
@@ -39,7 +39,7 @@ from typing import Iterator
 
 DOMAINS = ("math", "code", "chat")
 
-# Same lines as harness/tasks/gsm8k.yaml and humaneval.yaml, so training prompts look like eval prompts.
+# Same lines as inputs/tasks/gsm8k.yaml and humaneval.yaml, so training prompts look like eval prompts.
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 CODE_INSTRUCTION = "Complete the following python code:"
 
@@ -117,7 +117,7 @@ def gsm8k_solution(answer: str) -> str:
 
 def math_examples(data_dir: str | os.PathLike | None) -> list[ChatExample]:
     """GSM8K train through the task loaders (`$HARNESS_DATA_DIR`, else the hub; their errors name the files)."""
-    from harness.tasks import gsm8k_train_pairs
+    from inputs.tasks import gsm8k_train_pairs
 
     return [
         ChatExample("math", f"gsm8k:{i}", ((f"{question.strip()}\n{MATH_INSTRUCTION}", gsm8k_solution(answer)),))

@@ -26,7 +26,7 @@ from dspark_core.target_cache import TargetCache, build_target_cache
 from dspark_core.training import TrainConfig, evaluate_draft, train_draft
 from recipes.embedded.corpus import DOMAINS, Corpus
 from recipes.embedded.evaluate import confidence_table
-from harness.tasks.prompts import stop_tokens
+from inputs.tasks.prompts import stop_tokens
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class DraftReport:
 
 
 def chat_prompt(tokenizer, user: str) -> list[int]:
-    from harness.tasks import tokenize_messages
+    from inputs.tasks import tokenize_messages
 
     return tokenize_messages(tokenizer, [{"role": "user", "content": user}])
 

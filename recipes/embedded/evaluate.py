@@ -20,8 +20,8 @@ from dspark_core.calibration import expected_calibration_error
 from dspark_core.drafters.base import Drafter
 from dspark_core.generate import GenerationConfig, GenerationResult, generate
 from dspark_core.target import TargetModel
-from harness.model_refs import embedded_root
-from harness.tasks.prompts import stop_tokens
+from inputs.model_refs import embedded_root
+from inputs.tasks.prompts import stop_tokens
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def run_task(
     seed: int = 0,
 ) -> tuple[list[GenerationResult], float]:
     """Generate every turn of every sample in one batch per turn; returns results and wall seconds."""
-    from harness.tasks import load_task, prompt_ids
+    from inputs.tasks import load_task, prompt_ids
 
     data = load_task(task, n_samples=n_samples, seed=seed)
     spec, samples = data.spec, data.samples

@@ -22,7 +22,7 @@ def truncate_target(out_dir: str | Path, num_layers: int = 2, target: str = "emb
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from harness import model_refs
+    from inputs import model_refs
 
     out = Path(out_dir)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():

@@ -105,7 +105,7 @@ PRESETS = {
 def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "default", seed: int = 0,
           data_dir: str | None = None, overwrite: bool = False, num_threads: int = 2, dtype: str = "auto",
           log=print) -> dict:
-    from harness import model_refs
+    from inputs import model_refs
 
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from backends.base import BackendError
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.backend import BackendError
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
 DSPARK = DrafterSpec("dspark", "dspark", "embedded:dspark")
 NGRAM = DrafterSpec("ngram", "ngram")
@@ -35,6 +35,9 @@ def test_adaptive_cells_equal_plain_decoding_and_say_where_their_costs_came_from
     plain = backend.run_cell(_cell(DrafterSpec("none", "none"), PolicySpec("full")))
     adaptive = backend.run_cell(_cell(DSPARK, PolicySpec("adaptive")))
     assert _outputs(adaptive) == _outputs(plain)
+    assert not adaptive.metrics and not adaptive.calibration_bins  # raw records only: the executor derives
+    assert adaptive.steps and all(s.draft_length in range(adaptive.requests[0].record.num_drafts + 1)
+                                  for s in adaptive.steps)
     assert "step costs profiled 1:" in adaptive.log and " 2:" in adaptive.log  # batch sizes 1, 2 (concurrency 2)
     steps = sum(len(r.record.num_verified) for r in adaptive.requests)
     assert steps > 0
@@ -44,8 +47,8 @@ def test_adaptive_cells_equal_plain_decoding_and_say_where_their_costs_came_from
     # The table can come from a file instead: the one profiled above, saved in the SPS store format.
     from dspark_core import costs as sps_tables
 
-    target = next(iter(backend._targets.values()))
-    table = next(t for k, t in target.sps.items() if isinstance(k, tuple) and k[0] == "step_costs" and k[1] == "dspark")
+    target = backend.models.target(_cell(DSPARK, PolicySpec("adaptive")).target)
+    table = next(t for k, t in target.tables.items() if isinstance(k, tuple) and k[0] == "step_costs" and k[1] == "dspark")
     path = tmp_path / "costs.json"
     sps_tables.save_sps_table(path, table)
     from_file = backend.run_cell(_cell(DSPARK, PolicySpec("adaptive", sps_table=str(path))))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from backends.inhouse.engine import Completed, Request, StepStats
+from backends.inhouse.engine import Completed, Request
+from contracts.records import StepRecord
 from backends.inhouse.load import LoadResult, loaded_tokens_per_s
 from dspark_core.generate import RequestCounters
 
@@ -20,8 +21,8 @@ def _completed(name: str, emissions: list[tuple[float, int]]) -> Completed:
 def test_loaded_throughput_counts_the_steps_with_most_slots_busy():
     # 4 slots. Step 0 (1 s, prefills 4) and step 1 (0.5 s) are full; step 2 runs 3 of 4 (loaded still:
     # one request ended early); step 3 runs 1 (the drain: left out, with its tokens).
-    steps = [StepStats(0.0, 1.0, 4, 4, 4, 0), StepStats(1.0, 1.5, 0, 4, 4, 0), StepStats(1.5, 2.0, 0, 3, 3, 0),
-             StepStats(2.0, 3.0, 0, 1, 1, 0)]
+    steps = [StepRecord(0, 1.0, 4, 0, 0, 1.0, num_prefilled=4), StepRecord(1, 1.5, 4, 0, 0, 0.5),
+             StepRecord(2, 2.0, 3, 0, 0, 0.5), StepRecord(3, 3.0, 1, 0, 0, 1.0)]
     completed = [
         _completed("a", [(0.9, 1), (1.4, 2), (1.9, 1), (2.9, 5)]),
         _completed("b", [(0.9, 1), (1.4, 2), (1.9, 1)]),

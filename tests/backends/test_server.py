@@ -18,9 +18,12 @@ from pathlib import Path
 import pytest
 
 from backends.openai.client import ApiRequest, Endpoint, stream_request
-from backends.openai.metrics import SpecCounts
+from backends.openai.metrics import spec_counts_from_text
 from backends.process import ServerError, ServerProcess
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.records import SpecCounts
+from harness.metrics.derive import measure
+from harness.metrics.server_counts import spec_count_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 DSPARK = "models/embedded/drafts/dspark"
@@ -94,8 +97,8 @@ def test_openai_cell_equals_inhouse_with_agreeing_acceptance_sources(server, inh
     from backends.openai.adapter import OpenAIBackend
 
     cell = _cell()
-    remote = OpenAIBackend(base_url=server.url + "/v1").run_cell(cell)
-    local = inhouse.run_cell(replace(cell, backend="inhouse"))
+    remote = measure(OpenAIBackend(base_url=server.url + "/v1"), cell)
+    local = measure(inhouse, replace(cell, backend="inhouse"))
 
     assert remote.provenance["acceptance_source"] == "per_request"
     assert remote.provenance["token_count"] == "token_ids" and remote.provenance["backend_version"].startswith("openai/dspark-inhouse")
@@ -120,7 +123,7 @@ def test_openai_cell_equals_inhouse_with_agreeing_acceptance_sources(server, inh
     for name in ("acceptance_length", "accepted_per_step", "draft_acceptance_rate", "position_acceptance_conditional_k2",
                  "ece_raw"):
         assert remote.metrics.value(name) == pytest.approx(local.metrics.value(name), abs=1e-5), name
-    assert prometheus.metrics(3)["acceptance_length"].value == pytest.approx(local.metrics.value("acceptance_length"))
+    assert spec_count_metrics(prometheus, 3)["acceptance_length"].value == pytest.approx(local.metrics.value("acceptance_length"))
     assert remote.metrics.value("throughput") > 0 and remote.metrics.value("ttft_p50") > 0
 
 
@@ -129,8 +132,8 @@ def test_sampled_outputs_equal_inhouse_with_the_same_seeds(server, inhouse):
     from backends.openai.adapter import OpenAIBackend
 
     cell = replace(_cell(n=2, max_new=8, warmup=0), task=TaskSpec("gsm8k", 2, 8, temperature=1.0), seed=5)
-    got = _by_key(OpenAIBackend(base_url=server.url).run_cell(cell))
-    want = _by_key(inhouse.run_cell(replace(cell, backend="inhouse")))
+    got = _by_key(measure(OpenAIBackend(base_url=server.url), cell))
+    want = _by_key(measure(inhouse, replace(cell, backend="inhouse")))
     assert {k: r.output_ids for k, r in got.items()} == {k: r.output_ids for k, r in want.items()}
 
 
@@ -138,11 +141,11 @@ def test_prometheus_source_when_responses_carry_no_steps(server, monkeypatch):
     from backends.openai import adapter
 
     monkeypatch.setattr(adapter, "per_request_steps", lambda usage, num_drafts: None)  # a server without the extension
-    result = adapter.OpenAIBackend(base_url=server.url).run_cell(_cell(n=2, warmup=0))
+    result = measure(adapter.OpenAIBackend(base_url=server.url), _cell(n=2, warmup=0))
     assert result.provenance["acceptance_source"] == "prometheus"
     assert all(r.record.num_steps == 0 for r in result.requests)
     counts = SpecCounts.from_dict(json.loads(result.provenance["prometheus_spec_decode"]))
-    assert result.metrics.value("acceptance_length") == pytest.approx(counts.metrics(3)["acceptance_length"].value)
+    assert result.metrics.value("acceptance_length") == pytest.approx(spec_count_metrics(counts, 3)["acceptance_length"].value)
     assert 1.0 < result.metrics.value("acceptance_length") <= 4.0
 
 
@@ -150,8 +153,8 @@ def test_chat_multi_turn_follows_the_models_own_answers(server, inhouse):
     from backends.openai.adapter import OpenAIBackend
 
     cell = _cell("mt_bench", n=2, max_new=8, warmup=0)
-    remote = OpenAIBackend(base_url=server.url, chat=True).run_cell(cell)
-    local = inhouse.run_cell(replace(cell, backend="inhouse"))
+    remote = measure(OpenAIBackend(base_url=server.url, chat=True), cell)
+    local = measure(inhouse, replace(cell, backend="inhouse"))
     got, want = _by_key(remote), _by_key(local)
     assert got.keys() == want.keys() and {k.rsplit(":", 1)[1] for k in got} == {"0", "1"}
     for key, w in want.items():
@@ -182,7 +185,7 @@ def test_api_surface(server):
     assert _post(server.url + "/v1/nothing", {})[0] == 404
     with urllib.request.urlopen(server.url + "/metrics") as response:
         text = response.read().decode()
-    assert SpecCounts.from_text(text).steps > 0 and "vllm:request_success_total" in text
+    assert spec_counts_from_text(text).steps > 0 and "vllm:request_success_total" in text
 
 
 def test_audit_through_the_server_scores_its_tokens_with_a_local_target(server):

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import BackendError, plan_servers, server_config_key
+from contracts.backend import BackendError, plan_servers, server_config_key
 from backends.engine_version import EngineVersion, Since, engine_version, has, versioned
 from backends.process import ServerError, ServerProcess
 from fake_engines import FAKE, free_port, install
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
 NGRAM, PLAIN = DrafterSpec("ngram", "ngram"), DrafterSpec("none", "none")
 

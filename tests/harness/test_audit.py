@@ -22,7 +22,7 @@ from harness.audit import (
     power_line,
 )
 from harness.audit_power import BROKEN, POWER_FILE, broken_verifier
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
 REPO = Path(__file__).resolve().parents[2]
 

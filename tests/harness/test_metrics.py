@@ -28,8 +28,8 @@ from harness.metrics import (
     draft_acceptance_rate,
     emission_events,
     failed_request_rate,
-    from_counters,
     goodput,
+    meets,
     itl_samples,
     percentile,
     position_acceptance_conditional,
@@ -198,8 +198,8 @@ def test_throughput_and_goodput_excluding_an_sla_miss():
     strict = SLA(ttft_s=0.5, min_user_tokens_per_s=6.0)  # R1 (5 tok/s) misses too
     assert goodput([R1, R2, R3], W, strict).value == pytest.approx(2.1)  # 21 / 10
     # a one-token request has no decode phase: the TPOT and speed bounds are vacuous, TTFT still applies
-    assert strict.met_by(req(out=1, arrival=0.0, first=0.1, finish=0.1))
-    assert not strict.met_by(req(out=1, arrival=0.0, first=0.9, finish=0.9))
+    assert meets(strict, req(out=1, arrival=0.0, first=0.1, finish=0.1))
+    assert not meets(strict, req(out=1, arrival=0.0, first=0.9, finish=0.9))
 
 
 def test_window_counts_requests_by_finish_time():
@@ -283,7 +283,18 @@ def test_calibration_matches_dspark_core_on_the_padded_table():
     assert expected_calibration_error(noisy, verified, accepted).ece == raw.ece
 
 
-def test_from_counters_round_trip_from_a_real_generate_run(qwen3_target):
+def _record_of(counters, request_id, prompt_ids, output_ids, arrival_s, first_token_s, finish_s, emissions,
+               finish_reason="length"):
+    """The in-house backend's record of a finished request (`backends.inhouse.run.record_of`)."""
+    from backends.inhouse.engine import Completed, Request
+    from backends.inhouse.run import record_of
+
+    request = Request(request_id, list(prompt_ids), max_new_tokens=max(1, len(output_ids)))
+    return record_of(Completed(request, list(output_ids), finish_reason, counters, arrival_s, first_token_s, finish_s,
+                               list(emissions)))
+
+
+def test_record_of_round_trip_from_a_real_generate_run(qwen3_target):
     from dspark_core.drafters import NgramDrafter, NoDrafter
     from dspark_core.generate import GenerationConfig, generate
 
@@ -299,9 +310,8 @@ def test_from_counters_round_trip_from_a_real_generate_run(qwen3_target):
             for t, n in [(0.1, 1)] + [(0.1 + 0.01 * (j + 1), a + 1) for j, a in enumerate(c.num_accepted)]:
                 emissions.append((t, min(n, left)))
                 left -= emissions[-1][1]
-            rec = from_counters(c, request_id=str(i), prompt_tokens=len(res.prompt_ids),
-                                output_tokens=len(res.output_ids), arrival_s=0.0, first_token_s=0.1,
-                                finish_s=emissions[-1][0], emissions=emissions, finish_reason=res.finish_reason)
+            rec = _record_of(c, str(i), res.prompt_ids, res.output_ids, 0.0, 0.1, emissions[-1][0], emissions,
+                             res.finish_reason)
             assert emission_events(rec) == emissions
             assert rec.position_counts() == tuple(tuple(x) for x in c.position_counts())
             records.append(rec)
@@ -323,12 +333,11 @@ def test_from_counters_round_trip_from_a_real_generate_run(qwen3_target):
             assert ms.value("draft_coverage") == pytest.approx(drafting / num_steps)
 
 
-def test_from_counters_checks_the_histogram():
+def test_record_of_checks_the_histogram():
     from dspark_core.generate import RequestCounters
 
     c = RequestCounters(2)
     c.record(2, 1, None)
     c.accepted_histogram[2] += 1  # corrupt
     with pytest.raises(ValueError, match="histogram"):
-        from_counters(c, request_id="x", prompt_tokens=1, output_tokens=3, arrival_s=0.0, first_token_s=0.1,
-                      finish_s=0.2)
+        _record_of(c, "x", [1], [7, 8, 9], 0.0, 0.1, 0.2, [(0.1, 1), (0.2, 2)])

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import redaction
-from harness.redaction import MASK, redact
+from contracts import redaction
+from contracts.redaction import MASK, redact
 
 KEY = "sk-proj-Zq81xY0aB7c"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 from harness.metrics.speedup import RoundPair, paired_speedup, summary_lines
 from harness.runner import RunError, families, load_cells, plan, round_slots
 

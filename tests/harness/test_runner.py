@@ -87,7 +87,7 @@ def truncated_embedded_target(directory: Path, num_layers: int = 2) -> Path:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from harness import model_refs
+    from inputs import model_refs
 
     location = model_refs.resolve("embedded").location
     target = AutoModelForCausalLM.from_pretrained(location, dtype="float32")

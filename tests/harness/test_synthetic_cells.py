@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 from harness.cli import main
 from harness.store import read_only_query
 

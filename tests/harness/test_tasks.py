@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.tasks import (DATA_DIR_ENV, TASKS_DIR_ENV, DataNotFoundError, TaskConfigError, TaskSample, TaskSpec,
+from inputs.tasks import (DATA_DIR_ENV, TASKS_DIR_ENV, DataNotFoundError, TaskConfigError, TaskSample, TaskSpec,
                            UnknownTaskError, content_hash, get_task, gsm8k_train_pairs, list_tasks, load_task,
                            prompt_ids, render_messages, select_subset, tokenize_messages)
 
@@ -166,7 +166,7 @@ def test_missing_data_without_data_dir_says_to_set_it():
 
 
 def test_hub_failure_becomes_our_error(tmp_path, monkeypatch):
-    from harness.tasks import sources
+    from inputs.tasks import sources
 
     def offline(path, name, split):
         raise ConnectionError(f"Couldn't reach '{path}' on the Hub (OfflineModeIsEnabled)")
@@ -181,7 +181,7 @@ def test_hub_failure_becomes_our_error(tmp_path, monkeypatch):
 
 def test_real_hub_offline_becomes_our_error(tmp_path):
     """The real `datasets` path with HF_DATASETS_OFFLINE=1 and an empty cache (or without `datasets`)."""
-    code = ("from harness.tasks import DataNotFoundError, load_task\n"
+    code = ("from inputs.tasks import DataNotFoundError, load_task\n"
             "try:\n    load_task('gsm8k')\n"
             "except DataNotFoundError as e:\n    print(e)\n    raise SystemExit(0)\n"
             "raise SystemExit('no error raised')\n")
@@ -216,7 +216,7 @@ def test_subsets_are_deterministic_and_hashed(data_dir):
 
 
 def test_subset_independent_of_python_hash_seed(data_dir):
-    code = "from harness.tasks import load_task; t = load_task('humaneval', n_samples=7, seed=3, hub=False); " \
+    code = "from inputs.tasks import load_task; t = load_task('humaneval', n_samples=7, seed=3, hub=False); " \
            "print(t.content_hash, *[s.id for s in t.samples])"
     outs = set()
     for hash_seed in ("1", "2"):
@@ -299,7 +299,7 @@ def test_custom_jsonl_task(tmp_path, monkeypatch):
 
 def test_custom_loader_module(tmp_path, monkeypatch):
     _write(tmp_path / "my_loader.py", """
-        from harness.tasks import TaskSample
+        from inputs.tasks import TaskSample
 
         def load(split, *, data_dir=None, hub=True, count=3):
             return [TaskSample(id=f"{split}-{i}", turns=(f"say {i}", f"again {i}")) for i in range(count)]

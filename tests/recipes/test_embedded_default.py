@@ -13,9 +13,9 @@ import torch
 from dspark_core.drafters import NoDrafter
 from dspark_core.generate import GenerationConfig, generate
 from recipes.embedded.card import relations
-from harness.model_refs import embedded_root
+from inputs.model_refs import embedded_root
 from recipes.embedded.evaluate import load_embedded
-from harness.tasks.prompts import stop_tokens
+from inputs.tasks.prompts import stop_tokens
 
 ROOT = embedded_root()
 DRAFTS = ("dspark", "dspark-rnn", "dflash", "eagle3")
@@ -30,7 +30,7 @@ def embedded():
 @pytest.fixture(scope="module")
 def task_prompts(embedded):
     """Two prompts per task, rendered through the chat template as the harness does."""
-    from harness.tasks import load_task, prompt_ids
+    from inputs.tasks import load_task, prompt_ids
 
     data_dir = Path(os.environ.get("HARNESS_DATA_DIR") or ROOT.parents[2] / "shared" / "datasets")
     if not (data_dir / "gsm8k" / "test.jsonl").exists():

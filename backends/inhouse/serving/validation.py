@@ -119,7 +119,7 @@ def prompt_ids(ctx: ModelContext, body: dict, chat: bool) -> list[int]:
 
 
 def _chat_ids(ctx: ModelContext, body: dict) -> list[int]:
-    from harness.tasks import tokenize_messages
+    from inputs.tasks import tokenize_messages
 
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:

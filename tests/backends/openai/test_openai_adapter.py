@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import BackendError, backend_class
+from contracts.backend import BackendError, backend_class
 from backends.openai.adapter import OpenAIBackend
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from harness.metrics.derive import measure
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -80,8 +81,7 @@ def test_chat_cell_against_a_server_without_metrics(chat_server, monkeypatch):
     url, seen = chat_server
     monkeypatch.setenv("TEST_OPENAI_KEY", "sk-do-not-leak")
     done = []
-    result = OpenAIBackend(base_url=url, model="m", api_key_env="TEST_OPENAI_KEY", chat=True).run_cell(
-        _cell(warmup=1), progress=lambda n, total: done.append((n, total)))
+    result = measure(OpenAIBackend(base_url=url, model="m", api_key_env="TEST_OPENAI_KEY", chat=True), _cell(warmup=1), progress=lambda n, total: done.append((n, total)))
     assert len(result.requests) == 3 and [r.warmup for r in result.requests].count(True) == 1
     assert done[-1] == (3, 3)
     assert all(auth == "Bearer sk-do-not-leak" for _, auth in seen)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from backends.openai.metrics import SpecCounts, parse_prometheus, per_request_confidences, per_request_steps
+from backends.openai.metrics import parse_prometheus, per_request_confidences, per_request_steps, spec_counts_from_text
+from contracts.records import SpecCounts
+from harness.metrics.server_counts import spec_count_metrics
 from harness.metrics import RequestRecord, summarise
 from harness.metrics.window import MeasurementWindow
 
@@ -33,17 +35,17 @@ def test_parse_labels_escapes_comments_and_special_values():
 
 
 def test_vllm_counters_sum_over_engines_and_subtract():
-    after = SpecCounts.from_text(VLLM_TEXT)
+    after = spec_counts_from_text(VLLM_TEXT)
     assert after == SpecCounts(15, 45, 30, (14, 10, 6), None)
     before = SpecCounts(5, 15, 10, (4, 3), None)
     delta = after - before
     assert delta == SpecCounts(10, 30, 20, (10, 7, 6), None)
-    assert SpecCounts.from_text("# nothing\nvllm:num_requests_running 1\n") is None
+    assert spec_counts_from_text("# nothing\nvllm:num_requests_running 1\n") is None
 
 
 def test_counter_metrics_follow_vllm_conventions():
     counts = SpecCounts(drafts=10, draft_tokens=30, accepted=20, accepted_per_pos=(9, 7, 4))
-    m = counts.metrics(num_drafts=3)
+    m = spec_count_metrics(counts, 3)
     assert m["acceptance_length"].value == pytest.approx(3.0) and m["acceptance_length"].n == 10
     assert m["draft_acceptance_rate"].value == pytest.approx(20 / 30)
     assert [m[f"position_acceptance_unconditional_k{k}"].value for k in (1, 2, 3)] == pytest.approx([0.9, 0.7, 0.4])
@@ -52,7 +54,7 @@ def test_counter_metrics_follow_vllm_conventions():
     # verify lengths that vary: no per-position numbers; τ over drafting steps still, and the steps counter
     # (our server) adds coverage and tokens per target forward over every step
     varied = SpecCounts(drafts=10, draft_tokens=25, accepted=20, accepted_per_pos=(9, 7, 4), steps=12)
-    m = varied.metrics(num_drafts=3)
+    m = spec_count_metrics(varied, 3)
     assert "position_acceptance_unconditional_k1" not in m and m["acceptance_length"].value == pytest.approx(3.0)
     assert m["draft_coverage"].value == pytest.approx(10 / 12)
     assert m["tokens_per_target_forward"].value == pytest.approx(32 / 12)
@@ -68,7 +70,7 @@ def test_counts_from_records_agree_with_the_harness_metrics():
     counts = SpecCounts.from_records(records)
     assert counts == SpecCounts(drafts=4, draft_tokens=11, accepted=6, accepted_per_pos=(3, 2, 1), steps=5)
     harness = summarise(records, [], MeasurementWindow(0.0, 2.0))
-    mine = counts.metrics(3)
+    mine = spec_count_metrics(counts, 3)
     for name in ("acceptance_length", "accepted_per_step", "verified_per_step", "draft_acceptance_rate",
                  "draft_coverage", "tokens_per_target_forward"):
         assert mine[name].value == pytest.approx(harness[name].value), name

@@ -18,7 +18,7 @@ import pytest
 
 from backends.process import ServerProcess
 from harness.progress import PlainDisplay
-from harness.redaction import MASK
+from contracts.redaction import MASK
 
 REPO = Path(__file__).resolve().parents[3]
 KEY = "sk-leak-3f9a0c1e77d24b6b"
@@ -123,7 +123,7 @@ backend_options:
 
 def test_the_adapters_request_errors_are_redacted(echoing_server, monkeypatch):
     from backends.openai.adapter import OpenAIBackend
-    from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+    from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
 
     if not os.environ.get("HARNESS_DATA_DIR"):
         pytest.skip("needs HARNESS_DATA_DIR")

@@ -16,7 +16,8 @@ import pytest
 
 from backends.openai.adapter import OpenAIBackend
 from backends.process import ServerProcess
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from harness.metrics.derive import measure
 
 REPO = Path(__file__).resolve().parents[3]
 CONCURRENCY = 8
@@ -49,7 +50,7 @@ def test_client_ttft_agrees_with_the_servers_own(server):
                 TaskSpec("gsm8k", 3 * CONCURRENCY + 1, 8), PolicySpec("full"), concurrency=CONCURRENCY, warmup=1)
     backend = OpenAIBackend(base_url=server.url)
     try:
-        result = backend.run_cell(cell)
+        result = measure(backend, cell)
     finally:
         backend.close()
     measured = [r.record for r in result.requests if not r.warmup]

@@ -12,7 +12,7 @@ MAX_BODY_BYTES = 256 << 10
 @pytest.fixture(scope="session")
 def engine_parts():
     from backends.inhouse.adapter import InhouseBackend
-    from harness.cells import DrafterSpec, PolicySpec, TargetSpec
+    from contracts.cells import DrafterSpec, PolicySpec, TargetSpec
 
     backend = InhouseBackend(device="cpu", num_slots=4, max_context=128, num_threads=1)
     built = backend.build_engine(TargetSpec("served", "embedded"), DrafterSpec("none", "none"), 0, PolicySpec("full"))

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import BackendError
+from contracts.backend import BackendError
 from backends.openai.client import ApiRequest, Endpoint, Load, run_openai_load
 from backends.sglang.client import astream_generate, generate_body, spec_usage, stream_generate
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from harness.metrics.derive import measure
 
 FAKE = Path(__file__).resolve().parent / "fake_engine_server.py"
 REPO = Path(__file__).resolve().parents[3]
@@ -121,7 +122,7 @@ def test_backend_runs_cells_reuses_and_stops_the_server(fake_sglang, data_env):
 
     backend = SGLangBackend(**fake_sglang)
     try:
-        result = backend.run_cell(_cell())
+        result = measure(backend, _cell())
         assert result.provenance["acceptance_source"] == "per_request"
         assert result.provenance["backend_version"] == "sglang/fake-1.0"
         assert result.metrics.value("acceptance_length") > 1 and result.metrics.value("requests") == 3
@@ -130,9 +131,9 @@ def test_backend_runs_cells_reuses_and_stops_the_server(fake_sglang, data_env):
         accepted = sum(sum(r.num_accepted) for r in records)
         assert result.metrics.value("acceptance_length") == pytest.approx((accepted + steps) / steps)
         first = backend._server
-        backend.run_cell(_cell(concurrency=2, seed=0))  # same argv: the same server
+        measure(backend, _cell(concurrency=2, seed=0))  # same argv: the same server
         assert backend._server is first
-        plain = backend.run_cell(_cell(DrafterSpec("none", "none"), 0))  # another argv: a new server
+        plain = measure(backend, _cell(DrafterSpec("none", "none"), 0))  # another argv: a new server
         assert backend._server is not first and not first.running
         assert plain.provenance["acceptance_source"] == "none"
         assert all(r.record.output_tokens == 12 for r in plain.requests)
@@ -147,7 +148,7 @@ def test_failed_start_keeps_the_log_tail(fake_sglang, data_env):
 
     backend = SGLangBackend(**fake_sglang, fail_start=True)
     with pytest.raises(BackendError, match="(?s)did not start.*this configuration is not supported"):
-        backend.run_cell(_cell())
+        measure(backend, _cell())
     backend.close()
 
 
@@ -159,7 +160,7 @@ def test_openai_endpoint_of_sglang_has_no_meta_info(fake_sglang, data_env):
     from backends.sglang.server import server_argv
     from transformers import AutoTokenizer
 
-    from harness import model_refs
+    from inputs import model_refs
 
     port = fake_sglang["port"]
     root = fake_sglang["env"][0].split("=", 1)[1]
@@ -187,7 +188,7 @@ def test_draft_model_is_sglang_standalone():
     from dataclasses import replace
 
     from backends.sglang.server import server_argv
-    from harness import model_refs
+    from inputs import model_refs
 
     argv = server_argv(_cell(DrafterSpec("self", "draft_model", "embedded"), 5))
     flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--speculative")}

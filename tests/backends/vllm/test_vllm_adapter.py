@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import BackendError
+from contracts.backend import BackendError
 from backends.vllm.server import draft_location, server_argv, speculative_config
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from harness.metrics.derive import measure
 
 FAKE = Path(__file__).resolve().parents[1] / "sglang" / "fake_engine_server.py"  # one stand-in for both engines
 REPO = Path(__file__).resolve().parents[3]
@@ -63,7 +64,7 @@ def test_our_drafts_are_exported_to_a_content_addressed_dir(tmp_path):
 def test_draft_model_is_served_as_it_is(tmp_path):
     """A draft_model checkpoint is a Hugging Face LM: passed to vLLM's draft_model method as resolved (the
     embedded target for `embedded`), never exported, even from a directory that looks like one of our drafts."""
-    from harness import model_refs
+    from inputs import model_refs
 
     options = {"export_dir": str(tmp_path / "exports")}
     own = _cell(DrafterSpec("self", "draft_model", "embedded"), gamma=5)
@@ -122,7 +123,7 @@ def test_backend_measures_reuses_and_stops_the_server(fake_vllm, data_env):
 
     backend = VLLMBackend(**fake_vllm)
     try:
-        result = backend.run_cell(_cell())
+        result = measure(backend, _cell())
         assert result.provenance["acceptance_source"] == "per_request"  # the final chunks' metrics block
         assert result.provenance["backend_version"] == "vllm/fake-1.0"
         assert "vllm.entrypoints.openai.api_server" in result.provenance["server_argv"]
@@ -130,10 +131,10 @@ def test_backend_measures_reuses_and_stops_the_server(fake_vllm, data_env):
         # the stand-in accepts 2, 0, 1, 3, 2 … per step: 12 tokens take 5 steps, 8 accepted, τ = 13/5
         assert result.metrics.value("acceptance_length") == pytest.approx(13 / 5)
         first = backend._server
-        second = backend.run_cell(_cell())  # same argv: the server is kept, counters are scoped to the cell
+        second = measure(backend, _cell())  # same argv: the server is kept, counters are scoped to the cell
         assert backend._server is first
         assert second.metrics.value("acceptance_length") == pytest.approx(13 / 5)
-        backend.run_cell(_cell(DrafterSpec("none", "none"), 0))  # another argv: another server
+        measure(backend, _cell(DrafterSpec("none", "none"), 0))  # another argv: another server
         assert backend._server is not first and not first.running
         last = backend._server
     finally:
@@ -146,7 +147,7 @@ def test_backend_exports_our_draft_before_starting(fake_vllm, data_env):
 
     backend = VLLMBackend(**fake_vllm)
     try:
-        result = backend.run_cell(_cell(DSPARK))
+        result = measure(backend, _cell(DSPARK))
     finally:
         backend.close()
     exported = Path(result.provenance["vllm_draft"])
@@ -160,19 +161,19 @@ def test_failures_carry_the_server_log_tail(fake_vllm, data_env):
 
     backend = VLLMBackend(**fake_vllm, fail_start=True)
     with pytest.raises(BackendError, match="(?s)did not start.*this configuration is not supported"):
-        backend.run_cell(_cell())
+        measure(backend, _cell())
     backend.close()
     rnn = DrafterSpec("dspark-rnn", "dspark", "embedded:dspark-rnn")
     backend = VLLMBackend(**fake_vllm)
     with pytest.raises(BackendError, match="rnn' head has no vLLM counterpart"):
-        backend.run_cell(_cell(rnn))
+        measure(backend, _cell(rnn))
     backend.close()
 
 
 def test_unavailable_without_vllm(monkeypatch):
     import importlib.util
 
-    from backends.base import BackendUnavailable
+    from contracts.backend import BackendUnavailable
     from backends.vllm.adapter import VLLMBackend
 
     real = importlib.util.find_spec
@@ -191,7 +192,7 @@ def test_prometheus_counters_are_the_fallback(fake_vllm, data_env, level):
 
     backend = VLLMBackend(**fake_vllm, per_request_spec_decode_metrics=level)
     try:
-        result = backend.run_cell(_cell())
+        result = measure(backend, _cell())
     finally:
         backend.close()
     assert result.provenance["acceptance_source"] == "prometheus"
@@ -227,7 +228,7 @@ def test_the_interpreter_may_come_from_an_environment_variable(monkeypatch, tmp_
     monkeypatch.setenv("DSPARK_TEST_VLLM_PYTHON", str(tmp_path / "venv" / "python"))
     assert server_argv(_cell(), options)[0] == str(tmp_path / "venv" / "python")
     assert server_argv(_cell(), {})[0] == sys.executable
-    from backends.base import BackendUnavailable
+    from contracts.backend import BackendUnavailable
     from backends.vllm.adapter import VLLMBackend
 
     with pytest.raises(BackendUnavailable, match=r"\$DSPARK_TEST_VLLM_PYTHON .* does not exist"):

@@ -67,7 +67,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from harness.metrics.derive import measure
 
 pytestmark = [
     pytest.mark.vllm,
@@ -127,8 +128,8 @@ def inhouse():
     from transformers import AutoTokenizer
 
     from dspark_core.target import TargetModel
-    from harness import model_refs
-    from harness.tasks import load_task, prompt_ids
+    from inputs import model_refs
+    from inputs.tasks import load_task, prompt_ids
 
     location = model_refs.resolve("embedded").location
     target = TargetModel.from_pretrained(location, dtype=torch.float32)
@@ -188,7 +189,7 @@ def plain(inhouse):
 
 
 def test_plain_decoding_matches(vllm_backend, plain):
-    result = vllm_backend.run_cell(_cell(DrafterSpec("none", "none"), 0))
+    result = measure(vllm_backend, _cell(DrafterSpec("none", "none"), 0))
     assert not any(r.record.failed for r in result.requests), result.log
     assert _outputs(result) == plain
 
@@ -199,7 +200,7 @@ def test_ngram_outputs_and_acceptance(vllm_backend, inhouse, plain):
     from backends.vllm.server import NGRAM
     from dspark_core.drafters import NgramDrafter
 
-    result = vllm_backend.run_cell(_cell(DrafterSpec("ngram", "ngram"), GAMMA))
+    result = measure(vllm_backend, _cell(DrafterSpec("ngram", "ngram"), GAMMA))
     assert _outputs(result) == plain
     vllm = _vllm_counts(result)
     drafter = NgramDrafter(max_model_len=int(vllm_backend.options["max_model_len"]))
@@ -219,7 +220,7 @@ def test_acceptance_is_read_per_request_with_prometheus_as_fallback(vllm_backend
     import json
 
     cell = _cell(DrafterSpec("ngram", "ngram"), GAMMA)
-    result = vllm_backend.run_cell(cell)
+    result = measure(vllm_backend, cell)
     assert result.provenance["acceptance_source"] == "per_request"
     measured = [r.record for r in result.requests if not r.warmup]
     assert all(r.num_verified and len(r.num_verified) == len(r.num_accepted) for r in measured)
@@ -231,7 +232,7 @@ def test_acceptance_is_read_per_request_with_prometheus_as_fallback(vllm_backend
 
     vllm_backend.options["per_request_spec_decode_metrics"] = False
     try:
-        fallback = vllm_backend.run_cell(cell)
+        fallback = measure(vllm_backend, cell)
     finally:
         vllm_backend.options.pop("per_request_spec_decode_metrics")
     assert "--per-request-spec-decode-metrics" not in fallback.provenance["server_argv"]
@@ -317,7 +318,7 @@ def test_dflash_fill_in_layout_outputs_and_acceptance(vllm_backend, inhouse, pla
     vllm_backend.options["draft_layout"] = "dflash"
     vllm_backend.env |= {"PYTHONPATH": str(DFLASH_PROBE), "DSPARK_DFLASH_PROBE_DIR": str(probe)}
     try:
-        result = vllm_backend.run_cell(_cell(DrafterSpec("dflash", "dflash", "embedded:dflash"), GAMMA))
+        result = measure(vllm_backend, _cell(DrafterSpec("dflash", "dflash", "embedded:dflash"), GAMMA))
     finally:
         vllm_backend.options.pop("draft_layout")
         for name in ("PYTHONPATH", "DSPARK_DFLASH_PROBE_DIR"):
@@ -369,7 +370,7 @@ def test_dspark_layout_matches_inhouse_exactly(vllm_v2_backend, inhouse, plain, 
     from dspark_core.drafters import as_drafter
 
     drafter = DrafterSpec(name, name, f"embedded:{name}")
-    result = vllm_v2_backend.run_cell(_cell(drafter, GAMMA))
+    result = measure(vllm_v2_backend, _cell(drafter, GAMMA))
     assert '"method":"dspark"' in result.provenance["server_argv"]
     assert _outputs(result) == plain
     vllm = _vllm_counts(result)
@@ -400,7 +401,7 @@ def test_draft_model_outputs_and_acceptance(vllm_backend, inhouse, plain, trunca
     from dspark_core.drafters import DraftModelDrafter, load_draft_model
 
     checkpoint = "embedded" if draft == "embedded" else truncated_target
-    result = vllm_backend.run_cell(_cell(DrafterSpec(f"dm-{draft}", "draft_model", checkpoint), GAMMA))
+    result = measure(vllm_backend, _cell(DrafterSpec(f"dm-{draft}", "draft_model", checkpoint), GAMMA))
     assert '"method":"draft_model"' in result.provenance["server_argv"]
     assert not any(r.record.failed for r in result.requests), result.log
     assert _outputs(result) == plain
@@ -418,7 +419,7 @@ def test_draft_model_outputs_and_acceptance(vllm_backend, inhouse, plain, trunca
 
 
 def _embedded(name: str) -> str:
-    from harness import model_refs
+    from inputs import model_refs
 
     return model_refs.resolve(f"embedded:{name}").location
 

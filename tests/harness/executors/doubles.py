@@ -20,7 +20,7 @@ class Empty:
     name = "empty"
 
     def run_cell(self, cell, progress=None):
-        from harness.cells import CellResult
+        from contracts.cells import CellResult
         from harness.metrics import MeasurementWindow
 
         return CellResult(requests=[], steps=[], window=MeasurementWindow(0.0, 0.0))
@@ -39,7 +39,7 @@ class CrashOnce:
             self.marker.write_text(str(os.getpid()))
             os._exit(1)
         if self.inner is None:
-            from backends.base import get_backend
+            from contracts.backend import get_backend
 
             self.inner = get_backend(self.name, **self.options) if self.real else Empty()
         return self.inner.run_cell(cell, progress=progress)

@@ -13,7 +13,7 @@ import datetime as dt
 import math
 import random
 
-from harness.cells import (
+from contracts.cells import (
     CalibrationBin,
     Cell,
     CellResult,

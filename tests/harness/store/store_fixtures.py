@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from harness.cells import (
+from contracts.cells import (
     CalibrationBin,
     Cell,
     CellResult,
@@ -78,7 +78,8 @@ def make_result(seed: int = 0, *, gamma: int = 4, num_requests: int = 24, confid
         t += 0.06
         v = rng.randint(0, 4 * gamma)
         steps.append(StepRecord(step=s, t_s=t, batch_size=4, num_verified=v, num_accepted=rng.randint(0, v),
-                                wall_s=0.05 + 0.001 * s))
+                                wall_s=0.05 + 0.001 * s, draft_length=gamma if s % 3 else 0,
+                                num_prefilled=4 if s == 0 else 0))
     temperatures = tuple(1.0 + 0.1 * j for j in range(gamma)) if confidences and gamma else None
     metrics = summarise(records, steps, window, plain=plain.metrics if plain is not None else None,
                         temperatures=temperatures)

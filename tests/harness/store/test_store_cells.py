@@ -81,6 +81,9 @@ def test_round_trip_of_a_cell_result(store):
     assert counts["calibration_bins"] == len(result.calibration_bins)
     positions = store.query("SELECT min(position) FROM step_confidences")[1][0][0]
     assert positions == 1
+    # how often the engine drafted at all is a query (the draft-length policy's decision reaches the store)
+    drafted, prefilled = store.query("SELECT sum((draft_length > 0)::INT), sum(num_prefilled) FROM engine_steps")[1][0]
+    assert drafted == sum(s.draft_length > 0 for s in result.steps) > 0 and prefilled == 4
 
 
 def test_failed_cell_is_recorded_with_its_error_and_retried_on_resume(store):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from suite_fixtures import BASE, at, error_of
 
-from harness.cells import Cell
+from contracts.cells import Cell
 from harness.suite import SuiteError, expand, parse_suite_text, select
 
 MATRIX = BASE.split("matrix:\n")[0] + "matrix:\n"

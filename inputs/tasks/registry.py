@@ -1,6 +1,6 @@
 """Task registry: a task is a YAML file named `<task>.yaml` in a tasks directory; nothing is registered in
 code. Directories searched: `tasks_dirs=` when given, then $HARNESS_TASKS_DIR (os.pathsep-separated), then
-the built-in `harness/tasks/`. A name defined in two directories is an error, not a silent override.
+the built-in `inputs/tasks/`. A name defined in two directories is an error, not a silent override.
 
 Lazy: listing tasks only lists file names; `get_task` parses one file (and what it includes); a dataset
 loader ("module:function") is imported only when `load_task` needs its data.
@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 
-from harness.tasks.selection import content_hash, select_subset
-from harness.tasks.sources import DATASETS
-from harness.tasks.spec import FILE_KEYS, TaskConfigError, TaskSample, TaskSpec, _did_you_mean, spec_from_dict
+from inputs.tasks.selection import content_hash, select_subset
+from inputs.tasks.sources import DATASETS
+from inputs.tasks.spec import FILE_KEYS, TaskConfigError, TaskSample, TaskSpec, did_you_mean, spec_from_dict
 
 TASKS_DIR_ENV = "HARNESS_TASKS_DIR"
 BUILTIN_TASKS_DIR = Path(__file__).resolve().parent
@@ -111,7 +111,7 @@ def resolve_loader(dataset: str) -> Callable[..., Sequence[TaskSample]]:
     """A built-in dataset name or "package.module:function" -> the loader function."""
     target = DATASETS.get(dataset, dataset)
     if ":" not in target:
-        raise TaskConfigError(f"unknown dataset {dataset!r}{_did_you_mean(dataset, list(DATASETS))}; built-in "
+        raise TaskConfigError(f"unknown dataset {dataset!r}{did_you_mean(dataset, list(DATASETS))}; built-in "
                               f"datasets: {', '.join(sorted(DATASETS))}, or give \"package.module:function\"")
     module_name, _, attr = target.partition(":")
     try:
@@ -135,7 +135,7 @@ def _check_dataset_args(spec: TaskSpec, loader: Callable[..., Any]) -> None:
         for key in spec.dataset_args:
             if key not in valid:
                 raise TaskConfigError(f"task {spec.name!r}: dataset {spec.dataset!r} takes no argument {key!r}"
-                                      f"{_did_you_mean(key, valid)} (valid: {', '.join(valid) or 'none'})")
+                                      f"{did_you_mean(key, valid)} (valid: {', '.join(valid) or 'none'})")
     try:
         sig.bind(spec.split, data_dir=None, hub=True, **spec.dataset_args)
     except TypeError as e:
@@ -155,7 +155,7 @@ def _first_turns(spec: TaskSpec, sample: TaskSample) -> TaskSample:
 def _task_path(name: str, files: dict[str, Path]) -> Path:
     if name not in files:
         valid = sorted(files)
-        raise UnknownTaskError(f"unknown task {name!r}{_did_you_mean(name, valid)}; valid tasks: "
+        raise UnknownTaskError(f"unknown task {name!r}{did_you_mean(name, valid)}; valid tasks: "
                                f"{', '.join(valid) or 'none'} (task files are searched in "
                                f"{', '.join(str(d) for d in _dirs_of(files))}; add one with {TASKS_DIR_ENV})")
     return files[name]
@@ -184,7 +184,7 @@ def _merged_keys(name: str, files: dict[str, Path], stack: tuple[str, ...]) -> d
         raise TaskConfigError(f"{path}: a task file must be a mapping of keys, got {type(raw).__name__}")
     for key in raw:
         if key not in FILE_KEYS:
-            raise TaskConfigError(f"{path}: unknown key {key!r}{_did_you_mean(str(key), FILE_KEYS)} "
+            raise TaskConfigError(f"{path}: unknown key {key!r}{did_you_mean(str(key), FILE_KEYS)} "
                                   f"(valid keys: {', '.join(FILE_KEYS)})")
     raw = dict(raw)
     parent = raw.pop("include", None)

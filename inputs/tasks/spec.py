@@ -54,7 +54,7 @@ class TaskSpec:
             raise TaskConfigError(f"{where}: version must be a non-negative integer, got {self.version!r}")
         if self.category not in CATEGORIES:
             raise TaskConfigError(f"{where}: category must be one of {', '.join(CATEGORIES)}, got {self.category!r}"
-                                  + _did_you_mean(str(self.category), CATEGORIES))
+                                  + did_you_mean(str(self.category), CATEGORIES))
         for key in ("dataset", "split", "prompt_template", "description"):
             if not isinstance(getattr(self, key), str):
                 raise TaskConfigError(f"{where}: {key} must be a string, got {getattr(self, key)!r}")
@@ -112,7 +112,7 @@ def spec_from_dict(name: str, raw: Mapping[str, Any], source: str = "") -> TaskS
     unknown = [k for k in raw if k not in SPEC_KEYS]
     if unknown:
         key = unknown[0]
-        raise TaskConfigError(f"task {name!r}: unknown key {key!r}{where}{_did_you_mean(str(key), SPEC_KEYS)}"
+        raise TaskConfigError(f"task {name!r}: unknown key {key!r}{where}{did_you_mean(str(key), SPEC_KEYS)}"
                               f" (valid keys: {', '.join(FILE_KEYS)})")
     missing = [k for k in ("version", "category", "dataset") if k not in raw]
     if missing:
@@ -125,6 +125,7 @@ def spec_from_dict(name: str, raw: Mapping[str, Any], source: str = "") -> TaskS
         raise TaskConfigError(f"{e}{where}") from None
 
 
-def _did_you_mean(word: str, choices: tuple[str, ...] | list[str]) -> str:
+def did_you_mean(word: str, choices: tuple[str, ...] | list[str]) -> str:
+    """"; did you mean 'x'?" for the closest of `choices` (task files and names), or "" when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f"; did you mean {close[0]!r}?" if close else ""

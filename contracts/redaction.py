@@ -72,7 +72,7 @@ def redact(text: str | None, extra: Iterable[str] = ()) -> str | None:
 
 
 def redact_result(result: T) -> T:
-    """A cell result (`harness.cells.CellResult`) with its log and every request's error redacted."""
+    """A cell result (`contracts.cells.CellResult`) with its log and every request's error redacted."""
     if result is None:
         return result
     requests = [r if not r.record.error else replace(r, record=replace(r.record, error=redact(r.record.error)))

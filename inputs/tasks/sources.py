@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from harness.tasks.spec import TaskSample
+from inputs.tasks.spec import TaskSample
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +32,10 @@ DATA_DIR_ENV = "HARNESS_DATA_DIR"
 
 # Built-in dataset name -> "module:function", resolved lazily by the registry.
 DATASETS: dict[str, str] = {
-    "gsm8k": "harness.tasks.sources:load_gsm8k",
-    "humaneval": "harness.tasks.sources:load_humaneval",
-    "mt_bench": "harness.tasks.sources:load_mt_bench",
-    "jsonl": "harness.tasks.sources:load_jsonl",
+    "gsm8k": "inputs.tasks.sources:load_gsm8k",
+    "humaneval": "inputs.tasks.sources:load_humaneval",
+    "mt_bench": "inputs.tasks.sources:load_mt_bench",
+    "jsonl": "inputs.tasks.sources:load_jsonl",
 }
 
 GSM8K_FILES = {"test": "gsm8k/test.jsonl", "train": "gsm8k/train.jsonl"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from harness.tasks.spec import TaskSample, TaskSpec
+from inputs.tasks.spec import TaskSample, TaskSpec
 
 Message = dict[str, str]
 

@@ -1,6 +1,9 @@
-"""Raw records a backend reports: one `RequestRecord` per request, one `StepRecord` per engine step.
+"""Raw records a backend reports: one `RequestRecord` per request, one `StepRecord` per engine step, and the
+`MeasurementWindow` they are counted in.
 
-Records hold counts and timestamps only; every ratio is derived in `harness.metrics`, once. Timestamps
+The one form of each concept between a backend and the store: engines fill these (the in-house engine
+appends `StepRecord`s itself), the store keeps them row for row, and `harness.metrics` derives every
+ratio from them, once. Records hold counts and timestamps only. Timestamps
 are seconds on one monotonic clock per run (e.g. `time.perf_counter()` of the process that drives the
 engine), so only differences between them mean anything.
 
@@ -15,8 +18,9 @@ decoding) and emits exactly one token.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -129,52 +133,109 @@ class StepRecord:
     batch_size: int  # active requests; each verifies its anchor, so each emits >= 1 token
     num_verified: int  # drafts verified over the batch; target tokens in the forward = num_verified + batch_size
     num_accepted: int  # drafts accepted over the batch; tokens emitted = num_accepted + batch_size
-    wall_s: float  # wall time of the step (draft + verify + commit)
+    wall_s: float  # wall time of the step (admission and prefill + draft + verify + commit)
+    # tokens drafted per request this step, 0 … γ (0: no draft forward: a policy that chose not to draft, plain
+    # decoding); one number for the whole batch, since a draft-length policy plans the step before any draft
+    draft_length: int = 0
+    num_prefilled: int = 0  # requests admitted (prefilled) at the start of the step
 
     def __post_init__(self) -> None:
         if self.batch_size < 0 or not 0 <= self.num_accepted <= self.num_verified or self.wall_s < 0:
             raise ValueError(f"step {self.step}: need batch_size >= 0, 0 <= accepted <= verified, wall_s >= 0")
+        if self.draft_length < 0 or self.num_prefilled < 0:
+            raise ValueError(f"step {self.step}: need draft_length >= 0 and num_prefilled >= 0")
+
+    @property
+    def start_s(self) -> float:
+        return self.t_s - self.wall_s
 
 
-def from_counters(
-    counters,
-    *,
-    request_id: str,
-    prompt_tokens: int,
-    output_tokens: int,
-    arrival_s: float,
-    first_token_s: float | None,
-    finish_s: float,
-    token_times_s: Sequence[float] = (),
-    emissions: Sequence[tuple[float, int]] = (),
-    finish_reason: str = "length",
-    error: str | None = None,
-) -> RequestRecord:
-    """A `RequestRecord` from `dspark_core.generate.RequestCounters` (read by duck typing, so this module
-    imports no backend) and the timestamps the caller measured around the loop.
+@dataclass(frozen=True)
+class MeasurementWindow:
+    start_s: float
+    end_s: float
 
-    Token times come either per token (`token_times_s`) or as emission events `(time, tokens emitted
-    together)` — the engine's form — which expand to one time per token.
-    """
-    if emissions:
-        if token_times_s:
-            raise ValueError(f"request {request_id!r}: give token_times_s or emissions, not both")
-        token_times_s = [t for t, count in emissions for _ in range(count)]
-    record = RequestRecord(
-        request_id=request_id,
-        prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens,
-        arrival_s=arrival_s,
-        first_token_s=first_token_s,
-        finish_s=finish_s,
-        token_times_s=tuple(token_times_s),
-        num_drafts=counters.num_drafts,
-        num_verified=tuple(counters.num_verified),
-        num_accepted=tuple(counters.num_accepted),
-        confidence_logits=tuple(tuple(c) for c in counters.confidence_logits),
-        finish_reason=finish_reason,
-        error=error,
-    )
-    if tuple(counters.accepted_histogram) != record.accepted_histogram:
-        raise ValueError(f"request {request_id!r}: counters' histogram disagrees with their per-step counts")
-    return record
+    def __post_init__(self) -> None:
+        if not self.end_s >= self.start_s:
+            raise ValueError(f"window end {self.end_s} is before its start {self.start_s}")
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def contains(self, t_s: float) -> bool:
+        return self.start_s <= t_s < self.end_s
+
+    @classmethod
+    def after_warmup(cls, records: Sequence[RequestRecord], warmup_s: float = 0.0) -> MeasurementWindow:
+        """From `warmup_s` after the first arrival to just past the last finish (so the last one counts)."""
+        if not records:
+            raise ValueError("no records to place a window on")
+        start = min(r.arrival_s for r in records) + warmup_s
+        end = math.nextafter(max(r.finish_s for r in records), math.inf)
+        return cls(start, max(start, end))
+
+    @classmethod
+    def after_warmup_phase(cls, measured: Sequence[RequestRecord], warmup: Sequence[RequestRecord] = ()) -> MeasurementWindow:
+        """For a warm-up run as its own phase before the measured load: from just after the last warm-up
+        finish (else the first measured arrival) to just past the last measured finish, so every measured
+        request counts and no warm-up request does."""
+        measured = list(measured) or list(warmup)
+        if not measured:
+            raise ValueError("no records to place a window on")
+        start = math.nextafter(max(r.finish_s for r in warmup), math.inf) if warmup else min(r.arrival_s for r in measured)
+        end = math.nextafter(max(r.finish_s for r in measured), math.inf)
+        return cls(start, max(start, end))
+
+
+@dataclass(frozen=True)
+class SpecCounts:
+    """Speculative-decoding counts of a server (cumulative) or of a window (a difference of two scrapes): the raw
+    record of a server that reports no per-request steps (vLLM's Prometheus counters; metrics:
+    `harness.metrics.server_counts`)."""
+
+    drafts: int  # (request, step) pairs that verified ≥ 1 draft
+    draft_tokens: int  # drafts verified
+    accepted: int  # drafts accepted
+    accepted_per_pos: tuple[int, ...]  # [γ] steps that accepted drafts 1 … k+1, k = 0 … γ−1
+    steps: int | None = None  # all verify steps (dspark counter); None where the server does not export it
+
+    @classmethod
+    def from_records(cls, records: Sequence[RequestRecord]) -> SpecCounts:
+        """What the counters would show for these requests' steps (failed requests included, as a server
+        counts them): for cross-checking the two sources."""
+        pairs = [(v, a) for r in records for v, a in zip(r.num_verified, r.num_accepted)]
+        gamma = max((r.num_drafts for r in records), default=0)
+        return cls(sum(v > 0 for v, _ in pairs), sum(v for v, _ in pairs), sum(a for _, a in pairs),
+                   tuple(sum(a > k for _, a in pairs) for k in range(gamma)), len(pairs))
+
+    def __sub__(self, before: SpecCounts) -> SpecCounts:
+        """after − before, per counter (positions the earlier scrape lacked count from 0)."""
+        gamma = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
+        pad = lambda p: tuple(p) + (0,) * (gamma - len(p))  # noqa: E731
+        steps = self.steps - before.steps if self.steps is not None and before.steps is not None else None
+        return SpecCounts(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
+                          self.accepted - before.accepted,
+                          tuple(a - b for a, b in zip(pad(self.accepted_per_pos), pad(before.accepted_per_pos))), steps)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SpecCounts:
+        """The inverse of `as_dict` (e.g. from a cell's `provenance["prometheus_spec_decode"]` JSON)."""
+        return cls(int(d["drafts"]), int(d["draft_tokens"]), int(d["accepted"]),
+                   tuple(int(n) for n in d["accepted_per_pos"]), None if d.get("steps") is None else int(d["steps"]))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted": self.accepted,
+                "accepted_per_pos": list(self.accepted_per_pos), "steps": self.steps}
+
+
+@dataclass(frozen=True)
+class ServerTTFT:
+    """The server's own TTFT histogram totals (vLLM's `vllm:time_to_first_token_seconds`, our server's
+    too), cumulative or a window's difference: the server-side twin of the client's `ttft_mean`."""
+
+    sum_s: float
+    count: int
+
+    def __sub__(self, before: ServerTTFT) -> ServerTTFT:
+        return ServerTTFT(self.sum_s - before.sum_s, self.count - before.count)

@@ -2,7 +2,9 @@
 
 A `Cell` is one fully specified measurement (backend × target × drafter × γ × task × load × policy ×
 seed); `harness.suite` expands a suite into cells, a backend runs one and returns a `CellResult` of
-raw records, the runner derives the metrics, and the store keeps both. Cells are identified by a hash
+raw records, the executor derives the metrics (`harness.metrics.derive`), and the store keeps both. In the
+leaf `contracts` package, because suite, runner, store and every backend share it and import nothing of
+each other through it. Cells are identified by a hash
 of their canonical parameters, so the same measurement in two runs (or two suites) has the same id:
 that is what the gate pairs on, together with the comparability key of what it ran on.
 """
@@ -14,7 +16,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.metrics import SLA, MeasurementWindow, MetricSet, RequestRecord, StepRecord
+from contracts.metric import MetricSet
+from contracts.records import MeasurementWindow, RequestRecord, ServerTTFT, SpecCounts, StepRecord
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class DrafterSpec:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    name: str  # a task of harness.tasks (gsm8k | humaneval | mt_bench | a user task)
+    name: str  # a task of inputs.tasks (gsm8k | humaneval | mt_bench | a user task)
     n_samples: int
     max_new_tokens: int
     temperature: float = 0.0
@@ -56,6 +59,23 @@ class PolicySpec:
 
 
 @dataclass(frozen=True)
+class SLA:
+    """Per-request service bounds, the one SLA type: the suite's `sla:` section (harness.suite.schema checks
+    its values), a cell's `sla` and what goodput and attainment judge by. None leaves a bound out.
+
+    ttft_s                 time to first token at most this
+    tpot_s                 time per output token (after the first) at most this
+    min_user_tokens_per_s  the request's decode speed at least this
+
+    A request meets the SLA iff it succeeded and meets every bound that applies to it: a one-token request
+    has no TPOT or decode speed, so those bounds are vacuous for it (its TTFT bound still applies)."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    min_user_tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Cell:
     backend: str  # inhouse | vllm | sglang | openai (any OpenAI-compatible endpoint)
     target: TargetSpec
@@ -67,7 +87,7 @@ class Cell:
     rate: float | None = None  # open loop, requests/s
     warmup: int = 0  # first conversations run but not measured
     seed: int = 0
-    sla: SLA | None = None  # harness.metrics.SLA: the one SLA type (suite section, cell, goodput)
+    sla: SLA | None = None  # the one SLA type (suite section, cell, goodput: harness.metrics.rates.meets)
     backend_options: tuple[tuple[str, Any], ...] = ()  # sorted (key, value) pairs, e.g. server arguments
 
     def params(self) -> dict[str, Any]:
@@ -149,13 +169,20 @@ class CalibrationBin:
 
 @dataclass
 class CellResult:
-    """Raw records of one cell run; metrics are derived from them (harness.metrics.summarise)."""
+    """One cell run: the raw records a backend returns, and what the harness derives from them.
+
+    A backend fills the records only; `metrics` and `calibration_bins` are derived by the executor
+    (`harness.metrics.derive`) before the store keeps them, the same way for every backend."""
 
     requests: list[RequestResult]
-    steps: list[StepRecord]
+    steps: list[StepRecord]  # engine steps ([] where the engine does not report them: a remote server)
     window: MeasurementWindow
     provenance: dict[str, str] = field(default_factory=dict)  # target_hash, draft_hash, dataset_hash, backend_version, device
     sts_temperatures: tuple[float, ...] | None = None  # [γ] calibrated-ECE temperatures of the drafter
-    metrics: MetricSet = field(default_factory=MetricSet)
-    calibration_bins: list[CalibrationBin] = field(default_factory=list)
+    metrics: MetricSet = field(default_factory=MetricSet)  # derived (harness.metrics.derive); backends leave it empty
+    calibration_bins: list[CalibrationBin] = field(default_factory=list)  # derived, as `metrics`
     log: str = ""  # what the backend printed (server logs), kept for failed cells
+    # A server that reports no per-request steps: its spec-decode counters over the measured phase, which then
+    # define acceptance; and its own TTFT totals (both server-wide, a difference of two scrapes; None: none)
+    spec_counts: SpecCounts | None = None
+    server_ttft: ServerTTFT | None = None
