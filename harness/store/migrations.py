@@ -120,6 +120,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         # the cell's position in its round (0: measured first); repeats are rounds, rotated per round
         "ALTER TABLE cells ADD COLUMN round_slot INTEGER",
     ]),
+    # views only: v_speedup pairs each round with √(opening · closing plain pass) (the closing pass is the
+    # plain cell's repeat R + r) and adds plain_open_throughput, plain_close_throughput, sandwich_drift,
+    # sandwiched; v_speedup_summary is the median with the sign-test interval and adds ci_coverage,
+    # sandwich_drift, unsteady_rounds (harness.metrics.speedup)
+    (6, "ABA sandwich rounds: v_speedup over both plain passes; v_speedup_summary as median and sign interval", []),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -208,7 +208,7 @@ def test_killed_run_resumes_without_rerunning_finished_cells(tmp_path, data_env)
         _, order = store.query("SELECT cell_id, repeat, round_slot FROM cells WHERE run_id = ? ORDER BY started_at", [run_id])
     loaded, cells = load_cells(suite, check_files=False)
     work = plan(cells, loaded.repeats)
-    slots = round_slots(work)
+    slots = round_slots(work, loaded.repeats)
     assert order == [(c.cell_id, r, slots[(c.cell_id, r)]) for c, r in work]
 
 
