@@ -335,6 +335,8 @@ class InhouseBackend:
             "device": str(self.device),
             "threads": str(torch.get_num_threads()),
         }
+        if model_refs.is_random(cell.target.path):  # random weights (model_refs): engine speed only, never quality
+            provenance["random_weights"] = cell.target.path
         if cell.is_synthetic:  # every row of a synthetic cell says so: provenance, and a metric of its own
             provenance["synthetic_acceptance"] = list(cell.drafter.synthetic_acceptance)
             metrics = synthetic_marked(metrics)
