@@ -334,7 +334,8 @@ def speedup_values(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, di
             for cell_id, rounds in speedup_rounds(conn, run_id).items()}
 
 
-def speedup_rounds(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, dict[int, tuple[float, float, float | None]]]:
+def speedup_rounds(conn: duckdb.DuckDBPyConnection,
+                   run_id: str) -> dict[str, dict[int, tuple[float, float, float | None]]]:
     """cell id → round → (throughput ÷ its sandwich's plain baseline, the opening plain pass, the closing
     one or None), for speculative cells (plain ones are 1 by definition and left out).
 
@@ -347,7 +348,8 @@ def speedup_rounds(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, di
     """
     if has_relation(conn, "v_speedup"):
         sql = """
-            SELECT v.cell_id, v."repeat", v.speedup, v.plain_open_throughput, v.plain_close_throughput FROM v_speedup v
+            SELECT v.cell_id, v."repeat", v.speedup, v.plain_open_throughput, v.plain_close_throughput
+            FROM v_speedup v
             JOIN cells c ON c.run_id = v.run_id AND c.cell_id = v.cell_id AND c."repeat" = v."repeat"
             WHERE v.run_id = $run_id AND c.status = 'ok' AND c.method <> 'none' AND v.speedup IS NOT NULL
         """

@@ -123,7 +123,8 @@ class PairedSpeedup:
             ci = f" [{self.ci[0]:.2f}, {self.ci[1]:.2f}]"
         else:
             need = sign_rounds_needed()
-            ci = f" [no {100 * CONFIDENCE:g}% interval below {need} rounds; range {min(self.ratios):.2f}–{max(self.ratios):.2f}]"
+            ci = (f" [no {100 * CONFIDENCE:g}% interval below {need} rounds; "
+                  f"range {min(self.ratios):.2f}–{max(self.ratios):.2f}]")
         drift = f", plain drift {100 * self.baseline_drift:.0f}%" if self.baseline_drift is not None else ""
         drift += f", in a round {100 * self.sandwich_drift:.0f}%" if self.sandwich_drift is not None else ""
         tail = "" if self.status == "ok" else f" — {self.status.upper()}: {self.reason}"
@@ -158,7 +159,8 @@ def sign_interval_index(n: int, confidence: float = CONFIDENCE) -> int:
 
 
 def sign_coverage(n: int, k: int) -> float | None:
-    """Exact coverage of [x_(k), x_(n+1−k)] for a continuous law: 1 − 2·P(Bin(n, ½) ≤ k − 1); None for k = 0."""
+    """Exact coverage of [x_(k), x_(n+1−k)] for a continuous law: 1 − 2·P(Bin(n, ½) ≤ k − 1)
+    (None for k = 0)."""
     return 1 - 2 * _binomial_half_cdf(n)[k - 1] if k >= 1 else None
 
 
@@ -170,7 +172,8 @@ def sign_rounds_needed(confidence: float = CONFIDENCE) -> int:
     return n
 
 
-def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, tuple[float, float] | None, float | None]:
+def median_interval(values: Sequence[float],
+                    confidence: float = CONFIDENCE) -> tuple[float, tuple[float, float] | None, float | None]:
     """(exp(median log x), interval or None, its coverage or None) of positive values."""
     logs = sorted(math.log(x) for x in values)
     k = sign_interval_index(len(logs), confidence)
@@ -227,7 +230,8 @@ def paired_speedup(rounds: Sequence[RoundPair], planned: int, drift_bound: float
     extra = dict(sandwich_drift=max(moves) if moves else None,
                  unsteady_rounds=tuple(r.round for r in good if (r.sandwich_drift or 0) > sandwich_bound))
     if not ratios:
-        return PairedSpeedup(None, None, (), planned, drift, "invalid", "; ".join(bad) or "no round measured", **extra)
+        return PairedSpeedup(None, None, (), planned, drift, "invalid", "; ".join(bad) or "no round measured",
+                             **extra)
     value, ci, coverage = median_interval(ratios, confidence)
     unstable = instability(good, drift_bound, sandwich_bound)
     if bad:

@@ -51,7 +51,8 @@ def ece_interval(bins: Sequence[Bin], confidence: float = 0.95, draws: int = ECE
     Binomial(count, observed accuracy), then recomputes ECE* = Σ|Σ pred − y*| / Σ count. ECE is an
     absolute value, so it is biased upward and so is ECE* (by about as much again): the interval is the
     basic bootstrap's, [2·ECE − q_{1−α/2}(ECE*), 2·ECE − q_{α/2}(ECE*)] clipped at 0, which subtracts that
-    bias rather than doubling it (so it may lie below the plug-in ECE, which carries it). Bins are treated as independent binomials (cycles of one request are
+    bias rather than doubling it (so it may lie below the plug-in ECE, which carries it). Bins are treated
+    as independent binomials (cycles of one request are
     not quite); seeded, so a report is reproducible. Measured (simulated bins of 30–200 cycles, gaps of
     0.015–0.15): 87–90% coverage of the population ECE at a nominal 95% (the percentile interval: 0–96%);
     near perfect calibration no interval of a plug-in ECE covers the truth, which every estimate
