@@ -136,7 +136,8 @@ class Cell:
         gamma = "" if self.is_plain else f" γ{self.num_drafts} {self.policy.name}"
         if self.is_synthetic:
             gamma += " SYNTHETIC α=" + ",".join(f"{r:g}" for r in self.drafter.synthetic_acceptance)
-        return f"{self.backend}/{self.target.name}/{self.drafter.name}{gamma}/{self.task.name} T{self.task.temperature:g}/{load}"
+        target = self.target.name + (" RANDOM-WEIGHTS" if self.target.path.startswith("random:") else "")
+        return f"{self.backend}/{target}/{self.drafter.name}{gamma}/{self.task.name} T{self.task.temperature:g}/{load}"
 
 
 @dataclass(frozen=True)

@@ -92,11 +92,11 @@ class TargetModel:
         device: str | torch.device = "cpu",
         layer_ids: Sequence[int] | None = None,
     ) -> "TargetModel":
-        """Load a local directory or a hub id (online users); `HF_HUB_OFFLINE=1` keeps it local."""
-        from transformers import AutoModelForCausalLM
+        """Load a local directory or a hub id (online users); `HF_HUB_OFFLINE=1` keeps it local. A
+        random-weight directory (`dspark_core.random_init`) is built from its config instead."""
+        from dspark_core.random_init import load_causal_lm
 
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
-        return cls(model, layer_ids)
+        return cls(load_causal_lm(path, dtype, device), layer_ids)
 
     def set_layer_ids(self, layer_ids: Sequence[int]) -> None:
         ids = tuple(int(i) for i in layer_ids)

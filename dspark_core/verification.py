@@ -193,6 +193,18 @@ def _per_target_row(temperatures: Tensor, num_drafts: Tensor) -> Tensor:
     return torch.repeat_interleave(temperatures, num_drafts + 1)
 
 
+def synthetic_unconditional_rates(conditional_rates: Sequence[float], num_drafts: int) -> list[float]:
+    """The law of `synthetic_verifier` as per-position *unconditional* rates a_k = Π_{j ≤ k} c_j, k = 1 … γ
+    (positions past the list repeat its last rate): P(drafts 1 … k all accepted), the form vLLM's
+    `speculative_config.synthetic_acceptance_rates` takes (length γ, non-increasing by construction)."""
+    rates = [float(r) for r in conditional_rates]
+    out, survival = [], 1.0
+    for k in range(num_drafts):
+        survival *= rates[min(k, len(rates) - 1)]
+        out.append(survival)
+    return out
+
+
 def synthetic_verifier(conditional_rates: Sequence[float]):
     """A verifier that accepts by a given law instead of by the target: NOT lossless, for engine speed only.
 

@@ -3,8 +3,10 @@
 Repeats are rounds (asv's interleaved rounds). Cells that share a baseline — the plain cell and the
 speculative cells of the same backend, target, task, temperature, load point and seed (`baseline_key`)
 — form a family, and each round measures every cell of every family once: a family's cells back to
-back, in an order that rotates by one per round, so the plain cell and each speculative cell of one round
-saw nearly the same machine and their ratio is paired in time (`harness.metrics.speedup`). Server
+back, the speculative ones in an order that rotates by one per round, between two passes of the plain
+cell (an ABA sandwich; the closing pass is stored as repeat R + r), so each speculative cell and its
+round's plain baseline saw nearly the same machine and their ratio is paired in time
+(`harness.metrics.speedup`). Server
 backends interleave at the server-config level: a unit is a server config (`server_config_key`, the
 backends' interface agreed with h1) with all its load points, run while its server is up; units that
 share a baseline form the family and rotate. `plan` fixes the whole order up front, so a resumed run
@@ -109,27 +111,40 @@ def families(cells: Sequence[Cell], server_key: Mapping[str, str | None] | None 
     return list(grouped.values())
 
 
+def _is_plain(unit: Sequence[Cell]) -> bool:
+    return all(cell.drafter.method == "none" for cell in unit)
+
+
 def plan(cells: Sequence[Cell], repeats: int,
          server_key: Mapping[str, str | None] | None = None) -> list[tuple[Cell, int]]:
-    """(cell, round) in execution order: round 0, then round 1, …; in round r every family's units in
-    their order rotated by r (module docstring)."""
+    """(cell, repeat) in execution order: round 0, then round 1, …; in round r every family's units in
+    turn. A family with plain and speculative units runs an ABA sandwich: its plain units, its
+    speculative units rotated by r, its plain units again as repeat `repeats` + r (the closing pass,
+    harness.metrics.speedup); any other family rotates all its units by r (module docstring)."""
     work = []
     groups = families(cells, server_key)
     for repeat in range(repeats):
         for units in groups:
-            shift = repeat % len(units)
-            for unit in units[shift:] + units[:shift]:
+            plain = [unit for unit in units if _is_plain(unit)]
+            spec = [unit for unit in units if not _is_plain(unit)]
+            rotating = spec if plain and spec else units
+            shift = repeat % len(rotating)
+            opening = plain if plain and spec else []
+            for unit in opening + rotating[shift:] + rotating[:shift]:
                 work += [(cell, repeat) for cell in unit]
+            work += [(cell, repeats + repeat) for unit in opening for cell in unit]
     return work
 
 
-def round_slots(work: Sequence[tuple[Cell, int]]) -> dict[tuple[str, int], int]:
-    """(cell id, round) → its position in the round (0: measured first), stored as `cells.round_slot`."""
+def round_slots(work: Sequence[tuple[Cell, int]], repeats: int | None = None) -> dict[tuple[str, int], int]:
+    """(cell id, repeat) → its position in its round (0: measured first), stored as `cells.round_slot`;
+    a closing plain pass (repeat ≥ `repeats`) belongs to round repeat − `repeats`."""
     slots: dict[tuple[str, int], int] = {}
     count: dict[int, int] = {}
     for cell, repeat in work:
-        slots[(cell.cell_id, repeat)] = count.get(repeat, 0)
-        count[repeat] = count.get(repeat, 0) + 1
+        round_ = repeat - repeats if repeats is not None and repeat >= repeats else repeat
+        slots[(cell.cell_id, repeat)] = count.get(round_, 0)
+        count[round_] = count.get(round_, 0) + 1
     return slots
 
 
@@ -257,7 +272,7 @@ def run_suite(
         prepare = getattr(runner, "prepare", None)  # server configs of the cells; plan_servers (TEAM.md)
         server_key = prepare(cells, options_for) if prepare else None
         work = plan(cells, num_repeats, server_key)
-        slots = round_slots(work)
+        slots = round_slots(work, num_repeats)
         display.start(run_id, suite, len(work), resumed=resume is not None)
         todo = []
         for cell, repeat in work:
@@ -309,25 +324,31 @@ def _accepts(function, name: str) -> bool:
 
 
 def paired_speedups(store, run_id: str) -> list[tuple[str, object]]:
-    """(label, PairedSpeedup) per speculative cell of the run: its per-round ratios over plain decoding
-    (`v_speedup`), every round of both cells validated first (`v_rounds`), summarised with its interval
-    and drift (harness.metrics.speedup; `v_speedup_summary` is the same in SQL)."""
+    """(label, PairedSpeedup) per speculative cell of the run: its per-round ratios over plain decoding's
+    sandwich (`v_speedup`), every round of both cells and the closing plain pass validated first
+    (`v_rounds`), summarised with its interval and drift (harness.metrics.speedup; `v_speedup_summary`
+    is the same in SQL)."""
     from harness.metrics.speedup import RoundPair, paired_speedup
 
     _, rows = store.query("""
-        SELECT v.cell_id, v.plain_cell_id, v.repeat, v.throughput, v.plain_throughput,
-               concat_ws('; ', rs.problems, 'plain: ' || rp.problems) AS problems
-        FROM v_speedup v
+        SELECT v.cell_id, v.plain_cell_id, v.repeat, v.throughput, v.plain_open_throughput,
+               concat_ws('; ', rs.problems, 'plain: ' || rp.problems, 'closing plain pass: ' || rc.problems,
+                         CASE WHEN v.sandwiched AND v.plain_close_throughput IS NULL THEN 'no closing plain pass' END)
+                   AS problems,
+               v.plain_close_throughput, v.sandwich_position
+        FROM v_speedup v JOIN runs r ON r.run_id = v.run_id
         JOIN v_rounds rs ON rs.run_id = v.run_id AND rs.cell_id = v.cell_id AND rs.repeat = v.repeat
         JOIN v_rounds rp ON rp.run_id = v.run_id AND rp.cell_id = v.plain_cell_id AND rp.repeat = v.repeat
+        LEFT JOIN v_rounds rc ON rc.run_id = v.run_id AND rc.cell_id = v.plain_cell_id AND rc.repeat = v.repeat + r.repeats
         WHERE v.run_id = ? ORDER BY v.cell_id, v.repeat""", [run_id])
     _, cells = store.query("SELECT DISTINCT cell_id, label FROM cells WHERE run_id = ? AND method <> 'none' "
                            "ORDER BY label", [run_id])
     _, failed = store.query("SELECT cell_id, repeat FROM cells WHERE run_id = ? AND status <> 'ok'", [run_id])
     planned = (store.run(run_id) or {}).get("repeats") or 1
     pairs: dict[str, list] = {}
-    for cell_id, _plain, repeat, spec, plain, problems in rows:
-        pairs.setdefault(cell_id, []).append(RoundPair(int(repeat), spec, plain, tuple(filter(None, [problems]))))
+    for cell_id, _plain, repeat, spec, plain, problems, after, position in rows:
+        pairs.setdefault(cell_id, []).append(RoundPair(int(repeat), spec, plain, tuple(filter(None, [problems])), after,
+                                                       0.5 if position is None else position))
     failed_rounds = {}
     for cell_id, repeat in failed:
         failed_rounds.setdefault(cell_id, []).append(int(repeat))

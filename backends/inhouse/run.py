@@ -23,6 +23,7 @@ from backends.inhouse.load import LoadSpec, run_load
 from contracts.backend import Progress
 from contracts.cells import Cell, CellResult, RequestResult
 from contracts.records import MeasurementWindow, RequestRecord
+from inputs import model_refs
 
 
 def request_seed(seed: int, sample: int, turn: int) -> int:
@@ -129,6 +130,8 @@ def provenance(cell: Cell, built: Built, dataset_hash: str, device: torch.device
         "device": str(device),
         "threads": str(torch.get_num_threads()),
     }
+    if model_refs.is_random(cell.target.path):  # random weights (inputs.model_refs): engine speed only, never quality
+        out["random_weights"] = cell.target.path
     if cell.is_synthetic:  # every row of a synthetic cell says so (and `derive` adds its flag metric)
         out["synthetic_acceptance"] = list(cell.drafter.synthetic_acceptance)
     return out

@@ -93,6 +93,8 @@ class VLLMBackend(ServerBackend):
             }
             if draft is not None:
                 provenance["vllm_draft"] = draft
+            if cell.is_synthetic:  # not lossless: accepted by the suite's law (the argv's speculative config)
+                provenance["synthetic_acceptance"] = list(cell.drafter.synthetic_acceptance)
             return run_cell_at(endpoint, cell, progress, tokenizer=self._tokenizer(cell.target.path),
                                scrape_metrics=True, provenance=provenance)
 

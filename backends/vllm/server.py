@@ -20,6 +20,11 @@ A `draft_model` drafter's checkpoint is an ordinary Hugging Face causal LM with 
 (`embedded`: the embedded target itself), passed to vLLM's `draft_model` method as it is:
 `{"method": "draft_model", "model": <its directory or hub id>, "num_speculative_tokens": γ}`.
 
+Synthetic acceptance (a drafter's `synthetic_acceptance`, per-position conditional rates; NOT lossless):
+vLLM's synthetic rejection sampler, `"rejection_sample_method": "synthetic"` with
+`"synthetic_acceptance_rates"`, which vLLM takes unconditional (a_k = Π_{j ≤ k} c_j, γ of them:
+`dspark_core.verification.synthetic_unconditional_rates`), so both engines accept by one law.
+
 Engine version: flags not every vLLM has are emitted through `backends.engine_version.versioned` with the
 first release that has them (`SINCE`); the adapter asks its interpreter for the version first, and a flag
 that version lacks is left out with a note in the cell log. `--max-num-seqs` is the largest load of the
@@ -116,6 +121,11 @@ def speculative_config(cell: Cell, options: Mapping[str, Any] | None = None) -> 
         config |= {"method": "ngram", **NGRAM}
     else:
         config |= {"method": vllm_method(cell, options), "model": draft_location(cell, options)[0]}
+    if d.synthetic_acceptance is not None:  # not lossless: vLLM's synthetic rejection sampler, the same law
+        from dspark_core.verification import synthetic_unconditional_rates
+
+        config |= {"rejection_sample_method": "synthetic",
+                   "synthetic_acceptance_rates": synthetic_unconditional_rates(d.synthetic_acceptance, cell.num_drafts)}
     if options.get("dspark_draft_topk") is not None:
         if config["method"] != "dspark":
             raise BackendError("dspark_draft_topk applies to DSpark drafts only")

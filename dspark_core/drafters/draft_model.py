@@ -167,11 +167,11 @@ def load_draft_model(
     """Load a Hugging Face causal LM (local directory or hub id) as a `DraftModelDrafter`, on the target's
     device and dtype unless told otherwise. With `target_tokenizer`, the draft's own tokenizer (when its
     directory has one) must map every token to the same id."""
-    from transformers import AutoModelForCausalLM
+    from dspark_core.random_init import load_causal_lm
 
     dtype = dtype or (target.dtype if target is not None else torch.float32)
     device = device or (target.device if target is not None else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(str(location), dtype=dtype).to(device)
+    model = load_causal_lm(location, dtype, device)  # a random-weight directory is built, not loaded
     drafter = DraftModelDrafter(model, target=target)
     if target_tokenizer is not None:
         draft_tokenizer = _tokenizer_of(location)

@@ -324,28 +324,32 @@ def has_relation(conn: duckdb.DuckDBPyConnection, name: str) -> bool:
     return bool(count)
 
 
-# Plain decoding of the same target under the same load, in the same run and repeat: what speedup divides by.
+# Plain decoding of the same target under the same load, in the same run and round: what speedup divides by.
 _SAME_MEASUREMENT = ("backend", "target", "task", "temperature", "concurrency", "rate", "seed")
 
 
 def speedup_values(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, dict[int, float]]:
-    """cell id → repeat (round) → speedup (`speedup_rounds` without the plain throughput)."""
-    return {cell_id: {rep: ratio for rep, (ratio, _) in rounds.items()}
+    """cell id → repeat (round) → speedup (`speedup_rounds` without the plain passes)."""
+    return {cell_id: {rep: ratio for rep, (ratio, _, _) in rounds.items()}
             for cell_id, rounds in speedup_rounds(conn, run_id).items()}
 
 
-def speedup_rounds(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, dict[int, tuple[float, float]]]:
-    """cell id → repeat → (throughput ÷ plain-decoding throughput, plain throughput), for speculative cells
-    (plain ones are 1 by definition and left out).
+def speedup_rounds(conn: duckdb.DuckDBPyConnection,
+                   run_id: str) -> dict[str, dict[int, tuple[float, float, float | None]]]:
+    """cell id → round → (throughput ÷ its sandwich's plain baseline, the opening plain pass, the closing
+    one or None), for speculative cells (plain ones are 1 by definition and left out).
 
     Read from the store's `v_speedup` view where the connection has it; otherwise computed from the
-    metrics table the same way (harness.store.views): the `throughput` of the cell over that of the plain
-    cell (method 'none') of the same run and repeat with the same backend, target, task (its whole spec:
-    `params.task`), temperature, concurrency, rate and seed.
+    metrics table the same way (harness.store.views, harness.metrics.speedup): the `throughput` of the
+    cell over the plain throughput interpolated to its time, opening^(1 − w) · closing^w — the opening
+    pass alone where the round has no closing one — of the plain cell (method 'none') of the same run with the same backend, target, task
+    (its whole spec: `params.task`), temperature, concurrency, rate and seed; the opening pass is the
+    same repeat, the closing pass repeat + the run's rounds.
     """
     if has_relation(conn, "v_speedup"):
         sql = """
-            SELECT v.cell_id, v."repeat", v.speedup, v.plain_throughput FROM v_speedup v
+            SELECT v.cell_id, v."repeat", v.speedup, v.plain_open_throughput, v.plain_close_throughput
+            FROM v_speedup v
             JOIN cells c ON c.run_id = v.run_id AND c.cell_id = v.cell_id AND c."repeat" = v."repeat"
             WHERE v.run_id = $run_id AND c.status = 'ok' AND c.method <> 'none' AND v.speedup IS NOT NULL
         """
@@ -356,15 +360,30 @@ def speedup_rounds(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, di
                 SELECT c.*, m.value AS throughput FROM cells c
                 JOIN metrics m ON m.run_id = c.run_id AND m.cell_id = c.cell_id AND m."repeat" = c."repeat"
                 WHERE c.run_id = $run_id AND c.status = 'ok' AND m.metric = 'throughput'
+            ), rounds AS (SELECT repeats FROM runs WHERE run_id = $run_id
+            ), mids AS (
+                SELECT s.cell_id, s."repeat", s.throughput AS spec_t, p.throughput AS open_t, pc.throughput AS close_t,
+                       (epoch(s.started_at) + epoch(s.finished_at)) / 2 AS s_mid,
+                       (epoch(p.started_at) + epoch(p.finished_at)) / 2 AS o_mid,
+                       (epoch(pc.started_at) + epoch(pc.finished_at)) / 2 AS c_mid
+                FROM t s JOIN t p ON p."repeat" = s."repeat" AND p.method = 'none' AND {same}
+                     AND (p.params -> 'task')::VARCHAR IS NOT DISTINCT FROM (s.params -> 'task')::VARCHAR
+                CROSS JOIN rounds
+                LEFT JOIN t pc ON pc.cell_id = p.cell_id AND pc."repeat" = s."repeat" + rounds.repeats
+                WHERE s.method <> 'none' AND p.throughput > 0 AND s.throughput IS NOT NULL
+            ), weighted AS (
+                SELECT *, CASE WHEN c_mid = o_mid THEN 0.5
+                               ELSE least(1.0, greatest(0.0, (s_mid - o_mid) / (c_mid - o_mid))) END AS w
+                FROM mids
             )
-            SELECT s.cell_id, s."repeat", s.throughput / p.throughput, p.throughput
-            FROM t s JOIN t p ON p."repeat" = s."repeat" AND p.method = 'none' AND {same}
-                 AND (p.params -> 'task')::VARCHAR IS NOT DISTINCT FROM (s.params -> 'task')::VARCHAR
-            WHERE s.method <> 'none' AND p.throughput > 0 AND s.throughput IS NOT NULL
+            SELECT cell_id, "repeat",
+                   spec_t / CASE WHEN close_t > 0 THEN exp((1 - w) * ln(open_t) + w * ln(close_t)) ELSE open_t END,
+                   open_t, CASE WHEN close_t > 0 THEN close_t END
+            FROM weighted
         """
-    out: dict[str, dict[int, tuple[float, float]]] = {}
-    for cell_id, rep, value, plain in conn.execute(sql, {"run_id": run_id}).fetchall():
-        out.setdefault(cell_id, {})[int(rep)] = (float(value), float(plain))
+    out: dict[str, dict[int, tuple[float, float, float | None]]] = {}
+    for cell_id, rep, value, plain, after in conn.execute(sql, {"run_id": run_id}).fetchall():
+        out.setdefault(cell_id, {})[int(rep)] = (float(value), float(plain), None if after is None else float(after))
     return out
 
 

@@ -16,8 +16,9 @@ How each metric is estimated, by the rule's `test`:
                       temperatures of each run's own cell); `stats.py` has the formulas. Any other
                       metric has no per-prompt form and falls back to mann_whitney, with a note.
     mann_whitney      per-repeat values of the metrics table, repeats as the unit
-    paired_rounds     speedups: Welch's t on the logs of each run's per-round paired ratios (`rounds_test`);
-                      a paired_bootstrap rule on a speedup uses it too (no per-prompt form)
+    paired_rounds     speedups: Mann-Whitney with the Hodges-Lehmann shift on the logs of each run's
+                      per-round paired ratios (`rounds_test`); a paired_bootstrap rule on a speedup uses
+                      it too (no per-prompt form)
     threshold         means over repeats compared with the allowances, no statistics (deterministic metrics)
 
 `speedup` (alias `throughput_speedup`) is per repeat from the store's `v_speedup` view, or computed
@@ -25,8 +26,8 @@ the same way from throughput where a connection has no such view (`data.speedup_
 metric a cell has in neither run (ECE of plain decoding, speedup of the plain cell itself) does not
 apply to that cell; present in only one run, it is inconclusive. A cell with an invalid round in
 either run (`v_rounds`: failed, truncated, one-token outputs, τ ≈ 1) is `invalid` on every rule, and a
-timing rule on a cell whose plain baseline drifted between rounds (> `DRIFT_BOUND`) is `unstable`:
-both are reported, never passed or failed. Bootstrap draws are seeded from the
+timing rule on a cell whose plain baseline drifted (`harness.metrics.speedup.instability`: across
+rounds, or inside half of the rounds' plain sandwiches) is `unstable`: both are reported, never passed or failed. Bootstrap draws are seeded from the
 cell id, so a gate run is reproducible, and all metrics of a cell see the same resampled prompts.
 """
 
@@ -115,18 +116,22 @@ class _Side:
         return round_problems(self.conn, self.run_id)
 
     @cached_property
-    def plain_drift(self) -> dict[str, float]:
-        """cell id → how far its plain baseline moved across rounds (max ÷ min − 1), speculative cells from
-        `speedup_rounds`, plain cells from their own throughput."""
-        from harness.metrics.speedup import baseline_drift
+    def instability(self) -> dict[str, str]:
+        """cell id → why its plain baseline is unstable (`harness.metrics.speedup.instability`, the run
+        summary's rule), speculative cells from their rounds' plain sandwiches (`speedup_rounds`), plain
+        cells from their own throughput across repeats; cells that are stable are left out."""
+        from harness.metrics.speedup import DRIFT_BOUND, RoundPair, baseline_drift, instability
 
         out = {}
         for cell_id, rounds in data.speedup_rounds(self.conn, self.run_id).items():
-            out[cell_id] = baseline_drift([plain for _, plain in rounds.values()])
+            pairs = [RoundPair(rep, ratio, before, plain_after=after) for rep, (ratio, before, after) in rounds.items()]
+            out[cell_id] = instability(pairs)
         for cell_id, by_repeat in data.metric_values(self.conn, self.run_id, "throughput").items():
             if self.cells.get(cell_id) is not None and cell_id not in out:
-                out[cell_id] = baseline_drift(list(by_repeat.values()))
-        return {k: v for k, v in out.items() if v is not None}
+                drift = baseline_drift(list(by_repeat.values()))
+                if drift is not None and drift > DRIFT_BOUND:
+                    out[cell_id] = f"plain baseline moved {100 * drift:.0f}% between rounds (> {100 * DRIFT_BOUND:g}%)"
+        return {k: v for k, v in out.items() if v}
 
     def repeat_values(self, metric: str, cell_id: str) -> list[float]:
         if metric not in self._values:
@@ -233,8 +238,6 @@ def _rounds_estimate(rule: GateRule, cell_id: str, base: _Side, cand: _Side) -> 
 def _not_judged(rule: GateRule, match: CellMatch, base: _Side, cand: _Side) -> Comparison | None:
     """`invalid` (an invalid round in either run) or `unstable` (a timing rule, the plain baseline
     drifted in either run), else None: the cell is judged."""
-    from harness.metrics.speedup import DRIFT_BOUND
-
     for side in (cand, base):
         problems = side.round_problems.get(match.cell_id)
         if problems:
@@ -242,11 +245,9 @@ def _not_judged(rule: GateRule, match: CellMatch, base: _Side, cand: _Side) -> C
                               f"{side.name}: {'; '.join(problems)}")
     if rule.test != "threshold" and rule.metric.startswith(TIMING_PREFIXES):
         for side in (cand, base):
-            drift = side.plain_drift.get(match.cell_id)
-            if drift is not None and drift > DRIFT_BOUND:
-                return Comparison(match.cell_id, match.label, rule, "unstable",
-                                  f"{side.name}: plain baseline moved {100 * drift:.0f}% between rounds "
-                                  f"(> {100 * DRIFT_BOUND:g}%)")
+            why = side.instability.get(match.cell_id)
+            if why:
+                return Comparison(match.cell_id, match.label, rule, "unstable", f"{side.name}: {why}")
     return None
 
 

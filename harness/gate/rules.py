@@ -18,7 +18,7 @@ class GateRule:
     metric: str
     direction: str  # higher (bigger is better) | lower
     test: str = "paired_bootstrap"  # paired_bootstrap (over prompts) | mann_whitney (over repeats) |
-    #                                 paired_rounds (Welch t on per-round paired ratios) | threshold (no test)
+    #                                 paired_rounds (ranks of per-round paired ratios) | threshold (no test)
     relative: float | None = 0.02  # allowed relative worsening
     absolute: float | None = None  # allowed absolute worsening
     min_effect: float = 0.0  # smallest relative effect worth failing on
@@ -50,6 +50,5 @@ def rounds_needed(rule: GateRule) -> int | None:
     test = rule.test
     if test == "threshold" or (test == "paired_bootstrap" and (rule.metric in PROMPT_RATIOS or rule.metric in ECE_METRICS)):
         return None
-    if test == "paired_rounds" or (test == "paired_bootstrap" and rule.metric in ROUND_RATIO_METRICS):
-        return max(2, rule.min_samples)
+    # paired_rounds ranks the per-round ratios (Mann-Whitney), as mann_whitney ranks repeats: same minimum
     return max(mann_whitney_rounds_needed(rule.alpha), rule.min_samples)

@@ -28,10 +28,12 @@ of cumulative survival a_j, `dspark_core.calibration`). Sums are additive over p
 reduced once to a table of per-(position, bin) gaps G_u = Σa − Σy and its count N_u; a draw is then
 ECE(w) = Σ_k |Σ_u w_u G_uk| / Σ_u w_u N_u — two matrix products, whatever the number of steps.
 
-**Welch's t over paired rounds** (`rounds_test`, the `paired_rounds` test of speedups). Each run's rounds
-pair speculative and plain decoding in time; the logs of the per-round ratios of the two runs are
-compared by Welch's t test, interval and p from one statistic. 2 rounds a side can already reach
-significance; Mann-Whitney needs 4 (at α = 0.05: 2/C(8,4) = 0.029, while 3 vs 3 gives p ≥ 0.1).
+**Ranks over paired rounds** (`rounds_test`, the `paired_rounds` test of speedups). Each run's rounds
+pair speculative and plain decoding in time (a plain sandwich around the speculative cells); the logs
+of the per-round ratios of the two runs are compared by Mann-Whitney with the Hodges-Lehmann shift
+(below), interval and p from one U distribution — the rank counterpart of the run summary's median
+ratio and sign interval (`harness.metrics.speedup`), so a round whose pairing a load step broke is
+outvoted, not averaged in. 4 rounds a side can reach significance at α = 0.05 (2/C(8,4) = 0.029).
 
 **Mann-Whitney over repeats.** Metrics measured once per repeat (throughput, latency percentiles,
 speedup) have no prompt-level decomposition; repeats are the unit, unpaired. U counts the (baseline,
@@ -45,6 +47,7 @@ cannot reach significance at all — 2 vs 2 repeats give p ≥ 1/3 — and `min_
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -420,39 +423,26 @@ def repeats_test(base: Sequence[float], cand: Sequence[float], alpha: float = 0.
 
 
 def rounds_test(base: Sequence[float], cand: Sequence[float], alpha: float = 0.05) -> Estimate:
-    """Welch's t test on the logs of per-round paired ratios (speedup: spec ÷ plain tokens/s of one round).
+    """Mann-Whitney on the logs of per-round paired ratios (speedup: spec ÷ plain tokens/s of one round's
+    sandwich, `harness.metrics.speedup`), with the Hodges-Lehmann shift as the effect.
 
     The pairing is inside each run: a round's ratio cancels the machine's speed at that moment, so the
-    ratios of a run vary far less than raw throughput does, and their logs are close to normal. Across
-    runs the rounds are independent samples: effect = exp(mean log c − mean log b) − 1 (the ratio of the
-    geometric means), its 1 − α Welch interval, and the p of the same t statistic — so the interval
-    excludes 0 exactly when p < α. Needs ≥ 2 rounds a side (a variance each); with fewer, min_p is 1.
-    baseline/candidate are the geometric means. MDE: (z_{1−α/2} + z_{0.8}) · SE, on the relative scale.
+    ratios of a run vary far less than raw throughput does. Across runs the rounds are independent
+    samples, compared by ranks — the two-sample counterpart of the run summary's median and sign
+    interval, so one round whose pairing a load step broke moves neither: effect = exp(median of all
+    pairwise differences log c_j − log b_i) − 1, its distribution-free 1 − α interval from the order
+    statistics of those differences, and the exact p of the same U statistic — so the interval excludes 0
+    exactly when p < α (untied ratios). Needs 4 rounds a side at α = 0.05 (`min_p` says so below that).
+    baseline/candidate are each run's median ratio (exp of the median log, as the summary). MDE as
+    `repeats_test`, on the relative scale.
     """
-    from harness.metrics.student_t import t_cdf, t_quantile
-
-    b = np.log(np.asarray(base, dtype=np.float64))
-    c = np.log(np.asarray(cand, dtype=np.float64))
-    n = int(min(b.size, c.size))
-    gb, gc = float(np.exp(b.mean())), float(np.exp(c.mean()))
-    diff = float(c.mean() - b.mean())
-    common = dict(method="paired_rounds", scale="relative", baseline=gb, candidate=gc, effect=math.expm1(diff),
-                  n=n, alpha=alpha)
-    if n < 2:
-        return Estimate(**common, ci=(-math.inf, math.inf), p_value=1.0, mde=math.inf, min_p=1.0,
-                        note="Welch t needs >= 2 rounds on each side")
-    vb, vc = float(b.var(ddof=1)) / b.size, float(c.var(ddof=1)) / c.size
-    se = math.sqrt(vb + vc)
-    if se == 0:  # identical ratios in every round of both runs: the difference is exact
-        p = 1.0 if diff == 0 else 0.0
-        return Estimate(**common, ci=(math.expm1(diff), math.expm1(diff)), p_value=p, mde=0.0, min_p=0.0,
-                        note="every round identical")
-    dof = (vb + vc) ** 2 / (vb ** 2 / (b.size - 1) + vc ** 2 / (c.size - 1))
-    p = min(1.0, 2 * t_cdf(-abs(diff) / se, dof))
-    half = t_quantile(1 - alpha / 2, dof) * se
-    return Estimate(**common, ci=(math.expm1(diff - half), math.expm1(diff + half)), p_value=p,
-                    mde=math.expm1(mde_factor(alpha) * se), min_p=0.0,
-                    note=f"Welch t={diff / se:.3g}, df={dof:.3g}, {b.size} vs {c.size} rounds")
+    b = np.asarray(base, dtype=np.float64)
+    c = np.asarray(cand, dtype=np.float64)
+    est = repeats_test(b, c, alpha)
+    return dataclasses.replace(
+        est, method="paired_rounds", baseline=float(np.exp(np.median(np.log(b)))),
+        candidate=float(np.exp(np.median(np.log(c)))), n=int(min(b.size, c.size)),
+        note=f"{est.note}, {b.size} vs {c.size} rounds")
 
 
 def mann_whitney_rounds_needed(alpha: float) -> int:

@@ -157,6 +157,10 @@ def positions_section(data: RunData, out: Path) -> Section:
 # ------------------------------------------------------------------------------------ calibration
 
 
+def _interval(bounds: tuple[float, float] | None) -> str | None:
+    return None if bounds is None else f"[{bounds[0]:.3g}, {bounds[1]:.3g}]"
+
+
 def calibration_section(data: RunData, out: Path) -> Section:
     title = "Reliability diagram (ECE)"
     rows = [r for r in data.calibration if r["count"]]
@@ -178,8 +182,10 @@ def calibration_section(data: RunData, out: Path) -> Section:
         if not kinds.get("calibrated"):
             missing.append(drafter)
         per_position = {kind: reliability.position_ece(bins) for kind, bins in kinds.items()}
+        intervals = {kind: reliability.ece_interval(kinds.get(kind, [])) for kind in ("raw", "calibrated")}
         table_rows.append((
-            drafter, reliability.ece(kinds.get("raw", [])), reliability.ece(kinds.get("calibrated", [])),
+            drafter, reliability.ece(kinds.get("raw", [])), _interval(intervals["raw"]),
+            reliability.ece(kinds.get("calibrated", [])), _interval(intervals["calibrated"]),
             sum(b.count for b in kinds.get("raw", [])),
             *(", ".join(f"k{j} {fmt(e)}" for j, (e, _) in per_position.get(kind, {}).items())
               for kind in ("raw", "calibrated")),
@@ -188,11 +194,15 @@ def calibration_section(data: RunData, out: Path) -> Section:
         image(reliability.save(reliability.figure(panels), out / "calibration.png").name,
               "reliability diagrams per draft position, raw and calibrated confidences, per drafter, "
               "with per-bin counts"),
-        table(["drafter", "ECE raw", "ECE calibrated", "observed draft positions", "ece_position_raw",
-               "ece_position_calibrated"], table_rows),
+        table(["drafter", "ECE raw", "95% CI", "ECE calibrated", "95% CI", "observed draft positions",
+               "ece_position_raw", "ece_position_calibrated"], table_rows),
         note("ECE = Σ|Σ confidence − Σ outcome| / Σ count over the bins of every draft position, each position "
              "binned on its own: the metric ece_raw / ece_calibrated of the summary and the gate, here over the "
              "drafter's cells pooled (bin sums, then one division). Per-position terms are ece_position_*. "
+             "95% CI: a binomial bootstrap over the bins (each bin's outcomes redrawn from Binomial(count, observed "
+             "accuracy), basic interval, which removes the absolute value's upward bias once, so it may lie below the "
+             "ECE shown, which carries that bias; bins as independent; "
+             "reliability.ece_interval has its measured coverage). "
              "Points: observed survival with its 95% Wilson interval; bars: the cycles in each bin."),
     ]
     if missing:

@@ -126,6 +126,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "ALTER TABLE engine_steps ADD COLUMN draft_length INTEGER",
         "ALTER TABLE engine_steps ADD COLUMN num_prefilled INTEGER",  # requests admitted at the step; NULL before v6
     ]),
+    # views only: v_speedup pairs each round with √(opening · closing plain pass) (the closing pass is the
+    # plain cell's repeat R + r) and adds plain_open_throughput, plain_close_throughput, sandwich_drift,
+    # sandwiched; v_speedup_summary is the median with the sign-test interval and adds ci_coverage,
+    # sandwich_drift, unsteady_rounds (harness.metrics.speedup)
+    (7, "ABA sandwich rounds: v_speedup over both plain passes; v_speedup_summary as median and sign interval", []),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -35,23 +35,34 @@ without a migration (`migrations.py`) and a line in `VIEWS.md`.
                     accepted_k (steps with num_accepted ≥ k), reached_k (steps with num_accepted ≥ k − 1
                     and num_verified ≥ k), unconditional (α_k = accepted_k / verified_k), conditional
                     (β_k = accepted_k / reached_k)
-    v_speedup       one row per (speculative cell, plain cell) pair of the same run and repeat with
+    v_speedup       one row per (speculative cell, plain cell) pair of the same run and round with
                     equal backend, target, task (its whole spec: name, samples, max tokens, temperature),
                     concurrency, rate and seed, both cells ok: run_id, repeat, cell_id, label, backend,
                     target, drafter, method, num_drafts, task, temperature, concurrency, rate, policy,
                     seed, plain_cell_id, throughput, plain_throughput, speedup, user_speed_mean,
                     plain_user_speed_mean, speedup_user_speed, user_speed_p50, plain_user_speed_p50,
-                    speedup_user_speed_p50
+                    speedup_user_speed_p50, then (schema 7) plain_open_throughput (the plain pass
+                    opening the round, repeat r), plain_close_throughput (the closing one, repeat R + r;
+                    NULL: none ok), sandwich_drift (max ÷ min − 1 of the two), sandwiched (the plain cell
+                    has closing passes in this run), sandwich_position (w: the speculative pass's midpoint
+                    between the plain passes', 0 … 1). Each plain_* is the round's baseline at the
+                    speculative pass's time, opening^(1 − w) · closing^w; the opening pass alone without
+                    a closing one (before schema 7: always)
     v_rounds        one row per (run, cell, repeat = round): run_id, cell_id, repeat, label, method, status,
                     round_slot (position in the run's round, schema 3), requests (succeeded in the window),
                     max_output_tokens, acceptance_length, problems (NULL: a valid round; else why not:
                     failed, no request, truncated — fewer requests than the cell's fullest round —, every
-                    output one token long, acceptance length < 1.01 with drafts verified)
+                    output one token long, acceptance length < 1.01 with drafts verified); a plain cell's
+                    closing passes are its rows with repeat ≥ the run's rounds
     v_speedup_summary  one row per (run, speculative cell, plain cell): run_id, cell_id, plain_cell_id,
-                    label, rounds_planned, rounds (paired rounds, both cells valid), speedup (geometric mean
-                    of per-round ratios), ci_low, ci_high (95% t interval on log ratios; NULL for 1 round),
-                    log_sd, plain_drift (max ÷ min − 1 of the plain throughput over rounds), status (ok |
-                    unstable: drift > 25% | invalid: an invalid or missing round) — harness.metrics.speedup
+                    label, rounds_planned, rounds (paired rounds, every pass valid), speedup (median of
+                    per-round ratios, schema 7; before: geometric mean), ci_low, ci_high (the sign test's
+                    order-statistic interval, ≥ 95%; NULL below 6 rounds; before schema 7: a t interval),
+                    log_sd, plain_drift (max ÷ min − 1 of every plain pass over rounds), status (ok |
+                    unstable: drift > 25%, or plain passes > 10% apart inside half the rounds | invalid: an
+                    invalid or missing round or closing pass), then (schema 7) ci_coverage (the interval's
+                    exact coverage), sandwich_drift (the largest move inside a round), unsteady_rounds —
+                    harness.metrics.speedup
     v_calibration   one row per reliability bin: run_id, cell_id, repeat, label, drafter, task,
                     temperature, kind, position, bin, lower, upper, count, confidence_sum, outcome_sum,
                     mean_confidence (confidence_sum / count), accuracy (outcome_sum / count),
@@ -73,12 +84,19 @@ from __future__ import annotations
 
 import duckdb
 
-from harness.metrics.speedup import CONFIDENCE, DRIFT_BOUND, MIN_ACCEPTANCE_LENGTH
-from harness.metrics.student_t import t_quantile
+from harness.metrics.speedup import (
+    CONFIDENCE,
+    DRIFT_BOUND,
+    MIN_ACCEPTANCE_LENGTH,
+    SANDWICH_BOUND,
+    sign_coverage,
+    sign_interval_index,
+)
 
 _CELL_KEY = "run_id, cell_id, repeat"
 _COST_COLUMNS = "resources, gpu_seconds, cpu_seconds"  # schema 2: after the columns v_cells had before
 _ROUND_COLUMNS = "round_slot"  # schema 3: after those
+_SIGN_INDEX = [(n, sign_interval_index(n, CONFIDENCE)) for n in range(1, 501)]  # rounds → k of the sign interval
 
 VIEWS: dict[str, str] = {
     "v_runs": """
@@ -192,26 +210,53 @@ VIEWS: dict[str, str] = {
             SELECT c.*, r.throughput, r.user_speed_mean, r.user_speed_p50
             FROM cells c LEFT JOIN rates r USING ({_CELL_KEY})
             WHERE c.status = 'ok'
+        ), sandwiched AS (  -- plain cells with a closing pass (repeat ≥ the run's rounds) in any round
+            SELECT DISTINCT c.run_id, c.cell_id FROM cells c JOIN runs r USING (run_id) WHERE c.repeat >= r.repeats
+        ), pairs AS (
+            SELECT s.*, p.cell_id AS plain_cell_id,
+                   p.throughput AS open_t, pc.throughput AS close_t,
+                   p.user_speed_mean AS open_u, pc.user_speed_mean AS close_u,
+                   p.user_speed_p50 AS open_u50, pc.user_speed_p50 AS close_u50,
+                   sw.cell_id IS NOT NULL AS sandwiched,
+                   (epoch(s.started_at) + epoch(s.finished_at)) / 2 AS spec_mid,
+                   (epoch(p.started_at) + epoch(p.finished_at)) / 2 AS open_mid,
+                   (epoch(pc.started_at) + epoch(pc.finished_at)) / 2 AS close_mid
+            FROM ok_cells s
+            JOIN ok_cells p
+              ON p.run_id = s.run_id AND p.repeat = s.repeat AND p.method = 'none'
+             AND p.backend = s.backend AND p.target = s.target AND p.task = s.task
+             AND (p.params -> 'task')::VARCHAR = (s.params -> 'task')::VARCHAR
+             AND p.temperature IS NOT DISTINCT FROM s.temperature
+             AND p.concurrency IS NOT DISTINCT FROM s.concurrency
+             AND p.rate IS NOT DISTINCT FROM s.rate
+             AND p.seed IS NOT DISTINCT FROM s.seed
+            JOIN runs r ON r.run_id = s.run_id
+            LEFT JOIN ok_cells pc ON pc.run_id = s.run_id AND pc.cell_id = p.cell_id AND pc.repeat = s.repeat + r.repeats
+            LEFT JOIN sandwiched sw ON sw.run_id = s.run_id AND sw.cell_id = p.cell_id
+            WHERE s.method <> 'none'
+        ), positioned AS (  -- w: the speculative pass's midpoint between the plain passes' (½ when they coincide)
+            SELECT *, CASE WHEN close_mid IS NULL THEN NULL WHEN close_mid = open_mid THEN 0.5
+                           ELSE least(1.0, greatest(0.0, (spec_mid - open_mid) / (close_mid - open_mid))) END AS w
+            FROM pairs
+        ), baselines AS (  -- a round's baseline: open^(1−w) · close^w, the opening pass without a closing one
+            SELECT *,
+                   CASE WHEN close_t > 0 AND open_t > 0 THEN exp((1 - w) * ln(open_t) + w * ln(close_t)) ELSE open_t END AS base_t,
+                   CASE WHEN close_u > 0 AND open_u > 0 THEN exp((1 - w) * ln(open_u) + w * ln(close_u)) ELSE open_u END AS base_u,
+                   CASE WHEN close_u50 > 0 AND open_u50 > 0 THEN exp((1 - w) * ln(open_u50) + w * ln(close_u50))
+                        ELSE open_u50 END AS base_u50
+            FROM positioned
         )
-        SELECT s.run_id, s.repeat, s.cell_id, s.label, s.backend, s.target, s.drafter, s.method, s.num_drafts,
-               s.task, s.temperature, s.concurrency, s.rate, s.policy, s.seed,
-               p.cell_id AS plain_cell_id,
-               s.throughput, p.throughput AS plain_throughput,
-               s.throughput / nullif(p.throughput, 0) AS speedup,
-               s.user_speed_mean, p.user_speed_mean AS plain_user_speed_mean,
-               s.user_speed_mean / nullif(p.user_speed_mean, 0) AS speedup_user_speed,
-               s.user_speed_p50, p.user_speed_p50 AS plain_user_speed_p50,
-               s.user_speed_p50 / nullif(p.user_speed_p50, 0) AS speedup_user_speed_p50
-        FROM ok_cells s
-        JOIN ok_cells p
-          ON p.run_id = s.run_id AND p.repeat = s.repeat AND p.method = 'none'
-         AND p.backend = s.backend AND p.target = s.target AND p.task = s.task
-         AND (p.params -> 'task')::VARCHAR = (s.params -> 'task')::VARCHAR
-         AND p.temperature IS NOT DISTINCT FROM s.temperature
-         AND p.concurrency IS NOT DISTINCT FROM s.concurrency
-         AND p.rate IS NOT DISTINCT FROM s.rate
-         AND p.seed IS NOT DISTINCT FROM s.seed
-        WHERE s.method <> 'none'
+        SELECT run_id, repeat, cell_id, label, backend, target, drafter, method, num_drafts,
+               task, temperature, concurrency, rate, policy, seed, plain_cell_id,
+               throughput, base_t AS plain_throughput, throughput / nullif(base_t, 0) AS speedup,
+               user_speed_mean, base_u AS plain_user_speed_mean, user_speed_mean / nullif(base_u, 0) AS speedup_user_speed,
+               user_speed_p50, base_u50 AS plain_user_speed_p50,
+               user_speed_p50 / nullif(base_u50, 0) AS speedup_user_speed_p50,
+               open_t AS plain_open_throughput, close_t AS plain_close_throughput,
+               CASE WHEN open_t > 0 AND close_t > 0 THEN greatest(open_t, close_t) / least(open_t, close_t) - 1 END
+                   AS sandwich_drift,
+               sandwiched, w AS sandwich_position
+        FROM baselines
     """,
     "v_rounds": f"""
         WITH q AS (
@@ -239,34 +284,45 @@ VIEWS: dict[str, str] = {
         FROM checked
     """,
     "v_speedup_summary": f"""
-        WITH t(df, q) AS (VALUES {", ".join(f"({df}, {t_quantile(0.5 + CONFIDENCE / 2, df)!r})" for df in range(1, 501))}
+        WITH k_table(n, k, coverage) AS (VALUES {", ".join(f"({n}, {k}, {sign_coverage(n, k)!r})".replace("None", "NULL") for n, k in _SIGN_INDEX)}
         ), pairs AS (
-            SELECT v.run_id, v.cell_id, v.plain_cell_id, v.label, v.repeat, v.speedup, v.plain_throughput,
-                   rs.problems IS NULL AND rp.problems IS NULL AND v.speedup > 0 AS good
+            SELECT v.run_id, v.cell_id, v.plain_cell_id, v.label, v.repeat, v.speedup,
+                   v.plain_open_throughput AS open_t, v.plain_close_throughput AS close_t, v.sandwich_drift,
+                   rs.problems IS NULL AND rp.problems IS NULL AND rc.problems IS NULL AND v.speedup > 0
+                     AND (NOT v.sandwiched OR v.plain_close_throughput IS NOT NULL) AS good
             FROM v_speedup v
+            JOIN runs r ON r.run_id = v.run_id
             JOIN v_rounds rs ON rs.run_id = v.run_id AND rs.cell_id = v.cell_id AND rs.repeat = v.repeat
             JOIN v_rounds rp ON rp.run_id = v.run_id AND rp.cell_id = v.plain_cell_id AND rp.repeat = v.repeat
+            LEFT JOIN v_rounds rc ON rc.run_id = v.run_id AND rc.cell_id = v.plain_cell_id
+                                 AND rc.repeat = v.repeat + r.repeats
         ), summary AS (
             SELECT p.run_id, p.cell_id, p.plain_cell_id, any_value(p.label) AS label,
                    any_value(r.repeats) AS rounds_planned,
                    count(*) FILTER (WHERE p.good) AS rounds,
                    count(*) FILTER (WHERE NOT p.good) AS bad_rounds,
-                   avg(ln(p.speedup)) FILTER (WHERE p.good) AS log_mean,
+                   median(ln(p.speedup)) FILTER (WHERE p.good) AS log_median,
+                   list_sort(list(p.speedup) FILTER (WHERE p.good)) AS sorted,
                    stddev_samp(ln(p.speedup)) FILTER (WHERE p.good) AS log_sd,
-                   max(p.plain_throughput) FILTER (WHERE p.good AND p.plain_throughput > 0)
-                     / min(p.plain_throughput) FILTER (WHERE p.good AND p.plain_throughput > 0) - 1 AS plain_drift
+                   max(greatest(p.open_t, coalesce(p.close_t, p.open_t))) FILTER (WHERE p.good AND p.open_t > 0)
+                     / min(least(p.open_t, coalesce(p.close_t, p.open_t))) FILTER (WHERE p.good AND p.open_t > 0)
+                     - 1 AS plain_drift,
+                   max(p.sandwich_drift) FILTER (WHERE p.good) AS sandwich_drift,
+                   count(*) FILTER (WHERE p.good AND p.sandwich_drift > {SANDWICH_BOUND}) AS unsteady_rounds
             FROM pairs p JOIN runs r USING (run_id)
             GROUP BY p.run_id, p.cell_id, p.plain_cell_id
         )
         SELECT s.run_id, s.cell_id, s.plain_cell_id, s.label, s.rounds_planned, s.rounds,
-               exp(s.log_mean) AS speedup,
-               exp(s.log_mean - t.q * s.log_sd / sqrt(s.rounds)) AS ci_low,
-               exp(s.log_mean + t.q * s.log_sd / sqrt(s.rounds)) AS ci_high,
+               exp(s.log_median) AS speedup,
+               CASE WHEN k.k >= 1 THEN list_extract(s.sorted, k.k) END AS ci_low,
+               CASE WHEN k.k >= 1 THEN list_extract(s.sorted, s.rounds + 1 - k.k) END AS ci_high,
                s.log_sd, CASE WHEN s.rounds >= 2 THEN s.plain_drift END AS plain_drift,
                CASE WHEN s.bad_rounds > 0 OR s.rounds < coalesce(s.rounds_planned, 0) OR s.rounds = 0 THEN 'invalid'
                     WHEN s.rounds >= 2 AND s.plain_drift > {DRIFT_BOUND} THEN 'unstable'
-                    ELSE 'ok' END AS status
-        FROM summary s LEFT JOIN t ON t.df = s.rounds - 1
+                    WHEN s.unsteady_rounds > 0 AND 2 * s.unsteady_rounds >= s.rounds THEN 'unstable'
+                    ELSE 'ok' END AS status,
+               k.coverage AS ci_coverage, s.sandwich_drift, s.unsteady_rounds
+        FROM summary s LEFT JOIN k_table k ON k.n = s.rounds
     """,
     "v_calibration": """
         SELECT b.run_id, b.cell_id, b.repeat, c.label, c.drafter, c.task, c.temperature,

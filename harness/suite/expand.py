@@ -155,9 +155,10 @@ def _cell(suite: Suite, raw: dict[str, _Value], include: int | None) -> Cell:
         num_drafts = raw["num_drafts"].value
         policy = policies_of(suite.policies)[raw["policy"].value]
         _check_runnable(suite, raw, include, num_drafts, policy)
-        if drafter.synthetic_acceptance is not None and raw["backend"].value != "inhouse":
+        if drafter.synthetic_acceptance is not None and raw["backend"].value not in ("inhouse", "vllm"):
             raise suite.locations.error(raw["drafter"].path, f"drafter {drafter_name!r} has synthetic_acceptance, "
-                                        f"which only the inhouse backend implements, not {raw['backend'].value!r}")
+                                        f"which only the inhouse and vllm backends implement (vllm: its synthetic "
+                                        f"rejection sampler), not {raw['backend'].value!r}")
     target_name, task_name = raw["target"].value, raw["task"].value
     target, task = suite.targets[target_name], suite.tasks[task_name]
     temperature = raw["temperature"].value if raw["temperature"].value is not None else task.temperature

@@ -59,9 +59,10 @@ def test_run_records_every_cell_and_query_reads_them(tmp_path, data_env, capsys)
     db = tmp_path / "h.duckdb"
     assert main(["run", str(write_suite(tmp_path, concurrency="1, 2")), "--db", str(db)]) == 0
     out = capsys.readouterr().out
-    assert "4 ok, 0 failed" in out
+    assert "6 ok, 0 failed" in out  # 2 speculative cells, each between 2 passes of its plain cell
     columns, rows = read_only_query(db, "select drafter, concurrency, acceptance_length from v_acceptance "
-                                        "join cells using (run_id, cell_id, repeat) order by drafter, concurrency")
+                                        "join cells using (run_id, cell_id, repeat) where repeat = 0 "
+                                        "order by drafter, concurrency")
     assert [r[:2] for r in rows] == [("dspark", 1), ("dspark", 2), ("none", 1), ("none", 2)]
     assert rows[0][2] > 1.5 and rows[2][2] is None  # DSpark accepts drafts; plain decoding has no drafting step
     # greedy: speculative output equals plain decoding, request by request, in the store
@@ -77,7 +78,8 @@ def test_run_records_every_cell_and_query_reads_them(tmp_path, data_env, capsys)
     assert read_only_query(db, "select count(*) from v_rounds where problems is not null")[1] == [(0,)]
     assert "speedup over plain decoding, paired per round" in out
     _, summary = read_only_query(db, "select status, rounds from v_speedup_summary order by label")
-    assert summary == [("ok", 1), ("ok", 1)]
+    # valid, never invalid; unstable where the machine (shared, no warm-up here) moved > 10% inside the round
+    assert len(summary) == 2 and all(status in ("ok", "unstable") and rounds == 1 for status, rounds in summary)
 
 
 def truncated_embedded_target(directory: Path, num_layers: int = 2) -> Path:
@@ -143,9 +145,9 @@ def test_failing_cell_is_recorded_and_the_suite_goes_on(tmp_path, data_env, caps
     suite = write_suite(tmp_path, drafters="none, wrong", extra_drafter='wrong: {method: dflash, checkpoint: "embedded:dspark"}')
     assert main(["run", str(suite), "--db", str(db)]) == 1
     out = capsys.readouterr().out
-    assert "1 ok, 1 failed" in out and "holds a 'dspark' draft, not 'dflash'" in out
-    _, rows = read_only_query(db, "select drafter, status, error from cells order by drafter")
-    assert [(r[0], r[1]) for r in rows] == [("none", "ok"), ("wrong", "failed")]
+    assert "2 ok, 1 failed" in out and "holds a 'dspark' draft, not 'dflash'" in out
+    _, rows = read_only_query(db, "select drafter, status, error from cells order by drafter, repeat")
+    assert [(r[0], r[1]) for r in rows] == [("none", "ok"), ("none", "ok"), ("wrong", "failed")]
 
 
 @pytest.mark.parametrize("mutation, message", [
@@ -202,13 +204,13 @@ def test_killed_run_resumes_without_rerunning_finished_cells(tmp_path, data_env)
     assert main(["run", str(suite), "--db", str(db), "--resume", run_id]) == 0
     with Store.open(db, read_only=True) as store:
         status = store.cell_status(run_id)
-        assert len(status) == 6 and set(status.values()) == {"ok"}
+        assert len(status) == 9 and set(status.values()) == {"ok"}  # 3 × (plain, DSpark, closing plain pass)
         assert store.run(run_id)["status"] == "finished"
         # the resumed run went on from the cell it stopped at, in the planned interleaved order
         _, order = store.query("SELECT cell_id, repeat, round_slot FROM cells WHERE run_id = ? ORDER BY started_at", [run_id])
     loaded, cells = load_cells(suite, check_files=False)
     work = plan(cells, loaded.repeats)
-    slots = round_slots(work)
+    slots = round_slots(work, loaded.repeats)
     assert order == [(c.cell_id, r, slots[(c.cell_id, r)]) for c, r in work]
 
 
@@ -353,4 +355,4 @@ def test_ctrl_c_marks_the_run_interrupted_and_keeps_finished_cells(tmp_path, dat
     assert any(f"--resume {run_id}" in line for line in lines)
     with Store.open(db, read_only=True) as store:
         assert store.run(run_id)["status"] == "interrupted"
-        assert 1 <= len(store.cell_status(run_id)) < 6
+        assert 1 <= len(store.cell_status(run_id)) < 9

@@ -145,8 +145,8 @@ def test_ray_runs_a_familys_rounds_one_at_a_time_in_the_planned_order(tmp_path, 
     with Store.open(db, read_only=True) as store:
         _, rows = store.query("SELECT cell_id, repeat, round_slot, started_at, finished_at FROM cells ORDER BY started_at")
     _, cells = load_cells(CI, ONLY, check_files=False)
-    work = plan(cells, 2)  # plain and DSpark share a baseline: one chain, rotating per round
-    slots = round_slots(work)
+    work = plan(cells, 2)  # plain and DSpark share a baseline: one chain, DSpark inside a plain sandwich
+    slots = round_slots(work, 2)
     assert [row[:3] for row in rows] == [(c.cell_id, r, slots[(c.cell_id, r)]) for c, r in work]
     assert all(earlier[4] <= later[3] for earlier, later in zip(rows, rows[1:]))  # never two at once
 

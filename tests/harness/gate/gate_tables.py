@@ -22,14 +22,14 @@ import numpy as np
 TABLES = [
     """CREATE TABLE runs (
         run_id VARCHAR PRIMARY KEY, kind VARCHAR, status VARCHAR, label VARCHAR, suite_name VARCHAR,
-        git_sha VARCHAR, host_fingerprint VARCHAR, host JSON, packages JSON, started_at TIMESTAMP
+        git_sha VARCHAR, host_fingerprint VARCHAR, host JSON, packages JSON, started_at TIMESTAMP, repeats INTEGER
     )""",
     """CREATE TABLE cells (
         run_id VARCHAR, cell_id VARCHAR, "repeat" INTEGER, label VARCHAR, backend VARCHAR, target VARCHAR,
         drafter VARCHAR, method VARCHAR, num_drafts INTEGER, task VARCHAR, temperature DOUBLE,
         concurrency INTEGER, rate DOUBLE, policy VARCHAR, seed BIGINT, params JSON, comparability_key VARCHAR,
         provenance JSON, status VARCHAR, error VARCHAR, window_start_s DOUBLE, window_end_s DOUBLE,
-        sts_temperatures JSON
+        sts_temperatures JSON, started_at TIMESTAMP, finished_at TIMESTAMP
     )""",
     """CREATE TABLE requests (
         run_id VARCHAR, cell_id VARCHAR, "repeat" INTEGER, request_id VARCHAR, prompt_key VARCHAR,
@@ -51,10 +51,10 @@ TABLES = [
 # tables take the same rows.
 COLUMNS = {
     "runs": ("run_id", "kind", "status", "label", "suite_name", "git_sha", "host_fingerprint", "host", "packages",
-             "started_at"),
+             "started_at", "repeats"),
     "cells": ("run_id", "cell_id", "repeat", "label", "backend", "target", "drafter", "method", "num_drafts", "task",
               "temperature", "concurrency", "rate", "policy", "seed", "params", "comparability_key", "provenance",
-              "status", "error", "window_start_s", "window_end_s", "sts_temperatures"),
+              "status", "error", "window_start_s", "window_end_s", "sts_temperatures", "started_at", "finished_at"),
     "requests": ("run_id", "cell_id", "repeat", "request_id", "prompt_key", "sample_index", "error", "finish_s"),
     "request_steps": ("run_id", "cell_id", "repeat", "request_id", "step", "num_drafts", "num_verified",
                       "num_accepted"),
@@ -71,7 +71,8 @@ WITH t AS (
     FROM cells c JOIN metrics m USING (run_id, cell_id, "repeat") WHERE m.metric = 'throughput'
 )
 SELECT s.run_id, s."repeat", s.cell_id, s.throughput, p.throughput AS plain_throughput,
-       s.throughput / p.throughput AS speedup
+       s.throughput / p.throughput AS speedup, p.throughput AS plain_open_throughput,
+       NULL::DOUBLE AS plain_close_throughput
 FROM t s JOIN t p ON p.run_id = s.run_id AND p."repeat" = s."repeat" AND p.method = 'none'
     AND p.backend = s.backend AND p.target = s.target AND p.task = s.task
     AND p.temperature IS NOT DISTINCT FROM s.temperature AND p.concurrency IS NOT DISTINCT FROM s.concurrency
@@ -144,6 +145,7 @@ class SynthRun:
     provenance: dict = field(default_factory=lambda: {"target_hash": "t1", "draft_hash": "d1", "dataset_hash": "g1",
                                                       "backend_version": "inhouse-1"})
     seed: int = 0
+    sandwich: bool = False  # plain cells measured twice a round: their closing pass is repeat `repeats` + r
 
 
 def comparability_key(run: SynthRun, cell: SynthCell) -> str:
@@ -159,14 +161,19 @@ def _logit(p):
 def add_run(conn: duckdb.DuckDBPyConnection, run: SynthRun) -> SynthRun:
     host = json.dumps({"cpu": "test-cpu", "gpu": None})
     insert_rows(conn, "runs", [(run.run_id, "suite", run.status, None, "test", "abc123", run.host_fingerprint, host,
-                                json.dumps(run.packages), dt.datetime(2025, 1, 1))])
-    for cell in run.cells:
-        for rep in range(run.repeats):
-            _add_cell(conn, run, cell, rep)
+                                json.dumps(run.packages), dt.datetime(2025, 1, 1), run.repeats)])
+    slot = 0  # cells one minute apart in the runner's order: per round, plain, the others, plain again
+    for rep in range(run.repeats):
+        plain = [c for c in run.cells if c.method == "none"]
+        closing = plain if run.sandwich and len(plain) < len(run.cells) else []
+        order = plain + [c for c in run.cells if c.method != "none"]
+        for cell, r in [(c, rep) for c in order] + [(c, run.repeats + rep) for c in closing]:
+            _add_cell(conn, run, cell, r, dt.datetime(2025, 1, 1) + dt.timedelta(minutes=slot))
+            slot += 1
     return run
 
 
-def _add_cell(conn, run: SynthRun, cell: SynthCell, rep: int) -> None:
+def _add_cell(conn, run: SynthRun, cell: SynthCell, rep: int, started: dt.datetime) -> None:
     rng = np.random.default_rng([run.seed, int(cell.cell_id, 16) % 2**32, rep])
     start, end = 10.0, 110.0
     sts = None if cell.method == "none" else list(cell.sts or [1.6] * cell.num_drafts)
@@ -174,6 +181,7 @@ def _add_cell(conn, run: SynthRun, cell: SynthCell, rep: int) -> None:
         run.run_id, cell.cell_id, rep, cell.label, "inhouse", "tiny", cell.drafter, cell.method, cell.num_drafts,
         cell.task, 0.0, cell.concurrency, None, "full", 0, json.dumps(cell.params()), comparability_key(run, cell),
         json.dumps(run.provenance), "ok", None, start, end, None if sts is None else json.dumps(sts),
+        started, started + dt.timedelta(seconds=50),
     )])
     requests, steps, confs = [], [], []
     quality = rng.uniform(*cell.quality, size=cell.num_prompts)

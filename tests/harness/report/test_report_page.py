@@ -100,6 +100,44 @@ def test_one_ece_in_summary_diagram_and_view(tmp_path):
         assert f">{stored:.4g}<" in section.body
     assert {r["position"] for r in data.calibration} == {1, 2, 3, 4}
     assert "ece_position_raw" in section.body and "Wilson" in section.body
+    from harness.report.reliability import Bin, ece_interval
+
+    for kind, value in view:  # each ECE of the table with its interval beside it
+        bins = [Bin(r["position"], r["bin"], r["lower"], r["upper"], r["count"], r["confidence_sum"], r["outcome_sum"])
+                for r in data.calibration if r["kind"] == kind and r["count"]]
+        low, high = ece_interval(bins)
+        assert 0 <= low < high < 1 and f"[{low:.3g}, {high:.3g}]" in section.body
+    assert "binomial bootstrap over the bins" in section.body
+
+
+def test_the_ece_interval_covers_the_population_ece_at_about_its_rate():
+    """Simulated bins with known accuracies: the basic binomial-bootstrap interval covers the population
+    ECE in ≥ 83% of runs at a nominal 95% (measured 87–90%: reliability.ece_interval), narrows with more
+    cycles, and is reproducible; the plain percentile interval would cover far less."""
+    import numpy as np
+
+    from harness.report.reliability import Bin, ece, ece_interval
+
+    rng = np.random.default_rng(5)
+    hits, widths = 0, {30: [], 300: []}
+    for rep in range(200):
+        for n in (30, 300):
+            bins, gap_sum, total = [], 0.0, 0
+            for j in (1, 2):
+                for b in range(0, 20, 4):
+                    conf = (b + 0.5) / 20
+                    acc = max(0.0, conf - 0.05 * j)
+                    count = int(rng.integers(n // 2, n))
+                    bins.append(Bin(j, b, b / 20, (b + 1) / 20, count, conf * count, float(rng.binomial(count, acc))))
+                    gap_sum, total = gap_sum + count * abs(conf - acc), total + count
+            low, high = ece_interval(bins, draws=500, seed=rep)
+            widths[n].append(high - low)
+            if n == 30:
+                hits += low <= gap_sum / total <= high
+            assert low < high and ece(bins) > low  # bias-corrected: below the plug-in, never wholly above it
+    assert hits / 200 >= 0.83
+    assert np.mean(widths[300]) < 0.5 * np.mean(widths[30])
+    assert ece_interval(bins, seed=1) == ece_interval(bins, seed=1) and ece_interval([]) is None
 
 
 def test_report_of_a_bare_run_says_what_is_missing(tmp_path):

@@ -3,6 +3,8 @@ and the cells it makes carry it (and only they)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from suite_fixtures import BASE, error_of
 
@@ -38,7 +40,24 @@ def test_plain_decoding_cannot_be_synthetic():
     assert "needs a drafting method" in error_of(text)
 
 
-def test_only_the_inhouse_backend_implements_it():
-    text = SYNTH.replace("  backend: [inhouse]", "  backend: [vllm]")
-    with pytest.raises(SuiteError, match="only the inhouse backend implements"):
+def test_only_the_inhouse_and_vllm_backends_implement_it():
+    text = SYNTH.replace("  backend: [inhouse]", "  backend: [sglang]")
+    with pytest.raises(SuiteError, match="only the inhouse and vllm backends implement"):
         expand(parse_suite_text(text, "s.yaml"))
+
+
+def test_vllm_gets_the_same_law_as_unconditional_rates_in_its_speculative_config():
+    from backends.vllm.server import speculative_config
+    from dspark_core.verification import synthetic_unconditional_rates
+
+    cells = [c for c in expand(parse_suite_text(SYNTH.replace("  backend: [inhouse]", "  backend: [vllm]"), "s.yaml"))
+             if c.is_synthetic]
+    assert cells
+    for cell in cells:
+        config = speculative_config(cell)
+        law = cell.drafter.synthetic_acceptance
+        expected = [math.prod(law[min(j, len(law) - 1)] for j in range(k + 1)) for k in range(cell.num_drafts)]
+        assert config["rejection_sample_method"] == "synthetic"
+        assert config["synthetic_acceptance_rates"] == pytest.approx(expected)
+        assert len(expected) == config["num_speculative_tokens"]
+    assert synthetic_unconditional_rates([0.8, 0.5], 4) == pytest.approx([0.8, 0.4, 0.2, 0.1])
