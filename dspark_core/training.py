@@ -219,8 +219,9 @@ def eagle3_unroll_forward(model: Eagle3Model, token_ids: Tensor, features: Tenso
         past = None
         if kv_steps:
             past = [
-                (torch.cat([kv[l][0] for kv in kv_steps], dim=2), torch.cat([kv[l][1] for kv in kv_steps], dim=2))
-                for l in range(len(model.layers))
+                (torch.cat([kv[layer][0] for kv in kv_steps], dim=2),
+                 torch.cat([kv[layer][1] for kv in kv_steps], dim=2))
+                for layer in range(len(model.layers))
             ]
         mask = eagle3_unroll_mask(T, j, device)[None].expand(S, -1, -1)
         x, new_kv = model.decode(token_ids, prev, positions, past, mask)
@@ -332,13 +333,13 @@ def evaluate_draft(cache: TargetCache, model: nn.Module, config: TrainConfig, se
         batch_loss(model, sequences[start : start + config.batch_size], config, generator)
         for start in range(0, len(sequences), config.batch_size)
     ]
-    n = sum(l.num_positions for l in losses)
+    n = sum(loss.num_positions for loss in losses)
 
     def avg(values: list[float]) -> float:
-        return sum(v * l.num_positions for v, l in zip(values, losses)) / max(1, n)
+        return sum(v * loss.num_positions for v, loss in zip(values, losses)) / max(1, n)
 
     return DraftLoss(
-        total=torch.tensor(avg([float(l.total) for l in losses])),
-        ce=avg([l.ce for l in losses]), l1=avg([l.l1 for l in losses]), bce=avg([l.bce for l in losses]),
-        acceptance=avg([l.acceptance for l in losses]), num_positions=n,
+        total=torch.tensor(avg([float(loss.total) for loss in losses])),
+        ce=avg([loss.ce for loss in losses]), l1=avg([loss.l1 for loss in losses]),
+        bce=avg([loss.bce for loss in losses]), acceptance=avg([loss.acceptance for loss in losses]), num_positions=n,
     )

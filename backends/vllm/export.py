@@ -340,7 +340,7 @@ def _target_embeddings(target_dir: Path, target_hf: Mapping[str, Any]) -> tuple[
     wanted = ("model.embed_tokens.weight", "lm_head.weight", "model.language_model.embed_tokens.weight")
     for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 (a safe_open handle has keys(), no __iter__)
                 if key in wanted:
                     tensors[key] = f.get_tensor(key)
     embed = tensors.get("model.embed_tokens.weight", tensors.get("model.language_model.embed_tokens.weight"))

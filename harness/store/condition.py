@@ -83,7 +83,7 @@ def _children(expr: dict[str, Any]):
     for child in expr.get("children", []):
         yield child
     for argument in expr.get("arguments", []):
-        yield argument["expression"] if "expression" in argument else argument
+        yield argument.get("expression", argument)
 
 
 def _what(kind: str | None) -> str:

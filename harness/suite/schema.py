@@ -129,7 +129,7 @@ class TargetEntry(Section):
         if not self.path:
             fail("a target needs a path ('embedded', a local directory or a hub id)", ("path",))
         if self.path.startswith(EMBEDDED + ":"):
-            fail(f"the embedded target is written 'embedded'; 'embedded:<name>' names a draft", ("path",))
+            fail("the embedded target is written 'embedded'; 'embedded:<name>' names a draft", ("path",))
         return self
 
 
