@@ -108,7 +108,9 @@ def load_draft(
     config = DraftConfig.load(config_path)
     tensors, source = read_safetensors(directory)
     tensors, source = _fill_shared_embeddings(tensors, source, target)
-    return _build_and_load(config, tensors, source, device, dtype)
+    model = _build_and_load(config, tensors, source, device, dtype)
+    assert isinstance(model, DSparkModel)  # a DeepSpec config is dspark or dflash (deepspec_draft_config)
+    return model
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -166,7 +168,7 @@ def deepspec_draft_config(
     layer_types = set(hf.get("layer_types") or []) - {"full_attention"}
     if layer_types:
         raise refuse(f"layer_types {sorted(layer_types)}: only full attention is supported")
-    extra = {"imported_from": "deepspec"}
+    extra: dict[str, Any] = {"imported_from": "deepspec"}
     if hf.get("num_target_layers") is not None:
         extra["num_target_layers"] = int(hf["num_target_layers"])
     return DraftConfig(
@@ -219,7 +221,9 @@ def load_deepspec_draft(
     except ValueError as err:
         raise ValueError(f"{config_path}: {err}") from None
     tensors, source = _fill_shared_embeddings(tensors, source, target)
-    return _build_and_load(config, tensors, source, device, dtype)
+    model = _build_and_load(config, tensors, source, device, dtype)
+    assert isinstance(model, DSparkModel)  # a DeepSpec config is dspark or dflash (deepspec_draft_config)
+    return model
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ class DraftModelDrafter:
                 break
             out = self.model.forward(state, rows, token[:, None], active.long())
             logits = out.logits[:, 0]  # [R, V]
-            if greedy:
+            if probs is None:  # every row greedy
                 token = logits.argmax(-1)
             else:
                 p = logits_to_probs(logits, temperatures)
@@ -171,7 +171,7 @@ def load_draft_model(
 
     dtype = dtype or (target.dtype if target is not None else torch.float32)
     device = device or (target.device if target is not None else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(str(location), dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(str(location), dtype=dtype).to(device)  # type: ignore[arg-type]  # transformers types .to as its decorator
     drafter = DraftModelDrafter(model, target=target)
     if target_tokenizer is not None:
         draft_tokenizer = _tokenizer_of(location)

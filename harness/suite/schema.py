@@ -34,7 +34,7 @@ from dataclasses import MISSING, fields
 from typing import Annotated, Any, NoReturn
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from harness.gate.rules import GateRule, Validity
 from harness.suite.document import SUITE_VERSION, DocPath, Locations
@@ -448,7 +448,7 @@ _BOUNDS = {
 }
 
 
-def schema_error(error: dict[str, Any], locations: Locations) -> SuiteError:
+def schema_error(error: ErrorDetails, locations: Locations) -> SuiteError:
     """One pydantic error as a SuiteError at the line of the key or value it is about."""
     kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
     path: DocPath = tuple(error["loc"])

@@ -27,6 +27,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,7 +39,7 @@ from recipes.embedded.evaluate import EvalPreset, evaluate_embedded
 REAL_DRAFTS = tuple(d for d in DRAFTS if d.name != "dspark-rnn")  # dspark (Markov), dflash, eagle3; one layer each
 REAL_DRAFTS = tuple(replace(d, num_layers=1) for d in REAL_DRAFTS)
 
-_COMMON = dict(num_target_features=3, intermediate_size=768, mask_token="<empty_output>", block_size=7, markov_rank=32)
+_COMMON: dict[str, Any] = dict(num_target_features=3, intermediate_size=768, mask_token="<empty_output>", block_size=7, markov_rank=32)
 
 
 def fast_dtype() -> str:
