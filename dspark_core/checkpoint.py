@@ -108,9 +108,7 @@ def load_draft(
     config = DraftConfig.load(config_path)
     tensors, source = read_safetensors(directory)
     tensors, source = _fill_shared_embeddings(tensors, source, target)
-    model = _build_and_load(config, tensors, source, device, dtype)
-    assert isinstance(model, DSparkModel)  # a DeepSpec config is dspark or dflash (deepspec_draft_config)
-    return model
+    return _build_and_load(config, tensors, source, device, dtype)
 
 
 # ---------------------------------------------------------------------------------------------------
