@@ -135,6 +135,13 @@ def run_variant(emb, variant: str, prompts, concurrency: int, temperature: float
                step_tokens / req_steps if req_steps else float("nan"))
 
 
+def _paired_ratio(by: dict[str, dict[int, Run]], repeats: list[int], a: str, b: str | None) -> float:
+    """The median over repeats of variant a's tok/s over variant b's in the same repeat."""
+    if b is None or a not in by:
+        return float("nan")
+    return statistics.median(by[a][i].tokens_per_s / by[b][i].tokens_per_s for i in repeats)
+
+
 def summarise(runs: list[Run], schedulers: Sequence[str]) -> list[dict]:
     """One row per (task, temperature, concurrency): median tok/s per variant, best static γ, and ratios as
     the median over repeats of within-repeat ratios."""
@@ -149,23 +156,17 @@ def summarise(runs: list[Run], schedulers: Sequence[str]) -> list[dict]:
         statics = [v for v in by if v.startswith("static")]
         best = max(statics, key=lambda v: med[v]) if statics else None
         repeats = sorted(by["plain"])
-
-        def ratio(a: str, b: str | None) -> float:
-            if b is None or a not in by:
-                return float("nan")
-            return statistics.median(by[a][i].tokens_per_s / by[b][i].tokens_per_s for i in repeats)
-
         row = {"task": key[0], "temperature": key[1], "concurrency": key[2], "plain": med["plain"],
                "best_static": best, "best_static_tok_s": med[best] if best else float("nan"),
                "static_tok_s": {v: med[v] for v in statics}}
         for s in schedulers:
             row[s] = med.get(s, float("nan"))
-            row[f"{s}/best_static"] = ratio(s, best)
-            row[f"{s}/plain"] = ratio(s, "plain")
+            row[f"{s}/best_static"] = _paired_ratio(by, repeats, s, best)
+            row[f"{s}/plain"] = _paired_ratio(by, repeats, s, "plain")
             row[f"{s}_tau"] = statistics.median(x.acceptance_length for x in by[s].values()) if s in by else None
             row[f"{s}_drafted_steps"] = (statistics.median(x.drafted_steps / max(x.steps, 1) for x in by[s].values())
                                          if s in by else None)
-        row["best_static/plain"] = ratio(best, "plain") if best else float("nan")
+        row["best_static/plain"] = _paired_ratio(by, repeats, best, "plain") if best else float("nan")
         rows.append(row)
     return rows
 

@@ -166,7 +166,7 @@ def deepspec_draft_config(
     layer_types = set(hf.get("layer_types") or []) - {"full_attention"}
     if layer_types:
         raise refuse(f"layer_types {sorted(layer_types)}: only full attention is supported")
-    extra = {"imported_from": "deepspec"}
+    extra: dict[str, Any] = {"imported_from": "deepspec"}
     if hf.get("num_target_layers") is not None:
         extra["num_target_layers"] = int(hf["num_target_layers"])
     return DraftConfig(
@@ -219,7 +219,9 @@ def load_deepspec_draft(
     except ValueError as err:
         raise ValueError(f"{config_path}: {err}") from None
     tensors, source = _fill_shared_embeddings(tensors, source, target)
-    return _build_and_load(config, tensors, source, device, dtype)
+    model = _build_and_load(config, tensors, source, device, dtype)
+    assert isinstance(model, DSparkModel)  # a DeepSpec config is dspark or dflash (deepspec_draft_config)
+    return model
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -251,7 +253,7 @@ def read_safetensors(directory: str | Path) -> tuple[dict[str, Tensor], str]:
         if not path.is_file():
             raise FileNotFoundError(f"{index_path} names shard {name}, which is missing")
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 (a safe_open handle has keys(), no __iter__)
                 if key in tensors:
                     raise ValueError(f"tensor {key} appears in more than one shard of {source}")
                 # A fresh, allocator-aligned copy: tensors read at odd file offsets can take other

@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from dspark_core.drafters.dspark import DSparkModel
 from dspark_core.drafters.eagle3 import Eagle3Model
+from dspark_core.drafters.layers import TargetFedDraft
 from dspark_core.losses import CE_ONLY, DSPARK_WEIGHTS, DraftLoss, LossWeights, draft_loss
 from dspark_core.target_cache import TargetCache, TargetSequence
 
@@ -90,7 +91,7 @@ def lr_at(step: int, config: TrainConfig) -> float:
     return config.lr * (config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine)
 
 
-def default_loss_weights(model: nn.Module) -> LossWeights:
+def default_loss_weights(model: TargetFedDraft) -> LossWeights:
     if isinstance(model, DSparkModel) and model.markov_head is not None:
         return DSPARK_WEIGHTS
     return CE_ONLY  # DFlash (head none) and Eagle3-style
@@ -219,8 +220,9 @@ def eagle3_unroll_forward(model: Eagle3Model, token_ids: Tensor, features: Tenso
         past = None
         if kv_steps:
             past = [
-                (torch.cat([kv[l][0] for kv in kv_steps], dim=2), torch.cat([kv[l][1] for kv in kv_steps], dim=2))
-                for l in range(len(model.layers))
+                (torch.cat([kv[layer][0] for kv in kv_steps], dim=2),
+                 torch.cat([kv[layer][1] for kv in kv_steps], dim=2))
+                for layer in range(len(model.layers))
             ]
         mask = eagle3_unroll_mask(T, j, device)[None].expand(S, -1, -1)
         x, new_kv = model.decode(token_ids, prev, positions, past, mask)
@@ -243,9 +245,9 @@ def eagle3_loss(model: Eagle3Model, sequences: Sequence[TargetSequence], config:
         tokens[i, : seq.num_tokens], features[i, : seq.num_tokens] = seq.token_ids, seq.features
         target_logits[i, : seq.num_tokens] = seq.logits
     logits = eagle3_unroll_forward(model, tokens.to(device), features.to(device), J)  # [S, T, J, V]
-    i = torch.arange(T)[None, :, None]
+    pos = torch.arange(T)[None, :, None]
     j = torch.arange(J)[None, None, :]
-    valid = (i - j >= prompt_lens[:, None, None]) & (i + 1 < lengths[:, None, None])  # anchor i−j in the answer
+    valid = (pos - j >= prompt_lens[:, None, None]) & (pos + 1 < lengths[:, None, None])  # anchor i−j in the answer
     labels = tokens.roll(-1, dims=1)[:, :, None].expand(S, T, J)  # token i+1 (the wrapped last one is invalid)
     tl = target_logits[:, :, None].expand(S, T, J, -1)
     V = logits.shape[-1]
@@ -260,7 +262,7 @@ def eagle3_loss(model: Eagle3Model, sequences: Sequence[TargetSequence], config:
 
 
 def batch_loss(
-    model: nn.Module, sequences: Sequence[TargetSequence], config: TrainConfig, generator: torch.Generator
+    model: TargetFedDraft, sequences: Sequence[TargetSequence], config: TrainConfig, generator: torch.Generator
 ) -> DraftLoss:
     if isinstance(model, Eagle3Model):
         return eagle3_loss(model, sequences, config)
@@ -269,7 +271,7 @@ def batch_loss(
     raise TypeError(f"not a trainable draft model: {type(model).__name__}")
 
 
-def _check(cache: TargetCache, model: nn.Module) -> list[TargetSequence]:
+def _check(cache: TargetCache, model: TargetFedDraft) -> list[TargetSequence]:
     c = model.config
     if tuple(cache.layer_ids) != tuple(c.target_layer_ids):
         raise ValueError(f"target cache holds layers {list(cache.layer_ids)}, the draft reads {list(c.target_layer_ids)}")
@@ -285,7 +287,7 @@ def _check(cache: TargetCache, model: nn.Module) -> list[TargetSequence]:
     return usable
 
 
-def train_draft(cache: TargetCache, model: nn.Module, config: TrainConfig) -> TrainResult:
+def train_draft(cache: TargetCache, model: TargetFedDraft, config: TrainConfig) -> TrainResult:
     """Train `model` (DSparkModel of any head, or Eagle3Model) in place; deterministic for a seed
     given the same initial weights (the only randomness is batch order and anchors)."""
     sequences = _check(cache, model)
@@ -323,7 +325,7 @@ def train_draft(cache: TargetCache, model: nn.Module, config: TrainConfig) -> Tr
 
 
 @torch.no_grad()
-def evaluate_draft(cache: TargetCache, model: nn.Module, config: TrainConfig, seed: int = 1234) -> DraftLoss:
+def evaluate_draft(cache: TargetCache, model: TargetFedDraft, config: TrainConfig, seed: int = 1234) -> DraftLoss:
     """The training loss over the whole cache without gradients (anchors fixed by `seed`):
     batch values averaged with each batch's number of valid positions as weight."""
     sequences = _check(cache, model)
@@ -332,13 +334,13 @@ def evaluate_draft(cache: TargetCache, model: nn.Module, config: TrainConfig, se
         batch_loss(model, sequences[start : start + config.batch_size], config, generator)
         for start in range(0, len(sequences), config.batch_size)
     ]
-    n = sum(l.num_positions for l in losses)
+    n = sum(loss.num_positions for loss in losses)
 
     def avg(values: list[float]) -> float:
-        return sum(v * l.num_positions for v, l in zip(values, losses)) / max(1, n)
+        return sum(v * loss.num_positions for v, loss in zip(values, losses)) / max(1, n)
 
     return DraftLoss(
-        total=torch.tensor(avg([float(l.total) for l in losses])),
-        ce=avg([l.ce for l in losses]), l1=avg([l.l1 for l in losses]), bce=avg([l.bce for l in losses]),
-        acceptance=avg([l.acceptance for l in losses]), num_positions=n,
+        total=torch.tensor(avg([float(loss.total) for loss in losses])),
+        ce=avg([loss.ce for loss in losses]), l1=avg([loss.l1 for loss in losses]),
+        bce=avg([loss.bce for loss in losses]), acceptance=avg([loss.acceptance for loss in losses]), num_positions=n,
     )

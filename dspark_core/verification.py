@@ -234,5 +234,4 @@ def synthetic_verifier(conditional_rates: Sequence[float]):
         probs = logits_to_probs(final_logits, temperatures)
         return VerifyOutput(num_accepted=num_accepted, next_token_ids=sample_from_probs(probs, sample_u.to(device)))
 
-    verify_synthetic.conditional_rates = tuple(rates)
     return verify_synthetic

@@ -32,9 +32,12 @@ import dataclasses
 import math
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from contracts.cells import Cell, PolicySpec, TaskSpec
+
+if TYPE_CHECKING:
+    from contracts.backend import Backend
 
 ALPHA = 0.01
 NUM_BINS = 10
@@ -187,7 +190,7 @@ class LocalScorer:
     in-house backend loads it (a local directory, or a hub id when online)."""
 
     def __init__(self) -> None:
-        self._backend = None
+        self._backend: Any = None  # the in-house backend, loaded at the first call
 
     def __call__(self, cell: Cell, prompt_ids, output_ids, temperature: float):
         if self._backend is None:
@@ -216,7 +219,7 @@ def run_audit(suite_path, only: Sequence[str] = (), samples: int | None = None, 
         print("no speculative cells to audit", file=out)
         return 0
     print(power_line(), file=out)
-    backends: dict[str, object] = {}
+    backends: dict[str, Backend] = {}
     scorer = LocalScorer()
     plain_cache: dict[str, dict[str, tuple[int, ...]]] = {}
     findings: list[AuditFinding] = []

@@ -26,7 +26,7 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Sequence, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 from harness.store import Store, StoreError
 
@@ -137,6 +137,10 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return "—" if value is None else format(value, spec)
 
 
+def _both(reference: Mapping[str, Any], other: Mapping[str, Any], name: str) -> str:
+    return f"{reference.get(name, '—')}/{other.get(name, '—')}"
+
+
 def table(pairs: Sequence[Pair], tolerance: float = TOLERANCE) -> tuple[str, bool]:
     """The per-cell table (both engines side by side) and whether every pair agrees."""
     if not pairs:
@@ -154,9 +158,9 @@ def table(pairs: Sequence[Pair], tolerance: float = TOLERANCE) -> tuple[str, boo
         delta = f"{(tb - ta) / ta:+.1%}" if ta and tb is not None else "—"
         agrees, why = p.verdict(tolerance)
         ok_all &= agrees
-        both = lambda name: f"{a.get(name, '—')}/{b.get(name, '—')}"  # noqa: E731
         lines.append(f"{p.label:24} {f'{equal}/{total}':>9} {_fmt(ta):>10} {_fmt(tb):>10} {delta:>7} "
-                     f"{both('drafting_steps'):>15} {both('drafts_verified'):>11} {both('drafts_accepted'):>11} "
+                     f"{_both(a, b, 'drafting_steps'):>15} {_both(a, b, 'drafts_verified'):>11} "
+                     f"{_both(a, b, 'drafts_accepted'):>11} "
                      f"{_fmt(a.get('draft_coverage'), '.2f'):>8}  {'ok' if agrees else 'FAIL'}: {why}")
     lines.append(f"(counts as {ref}/{other}; coverage: {ref}'s share of steps that drafted — {other} reports "
                  "drafting steps only)")

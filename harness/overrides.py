@@ -80,8 +80,10 @@ def load(suite_path: str | Path | None, o: Overrides | None) -> Suite:
     """The suite at `suite_path` (or `o.suite_text`) with the overrides applied; SuiteError as loading does."""
     if o is not None and o.suite_text is not None:
         base = parse_suite_text(o.suite_text, str(suite_path or "<endpoint>"))
-    else:
+    elif suite_path is not None:
         base = load_suite(suite_path)
+    else:
+        raise SuiteError("no suite: give a suite file, or an endpoint to measure")
     if not o or o == Overrides(suite_text=o.suite_text):
         return base
     data = apply(yaml.safe_load(base.resolved_text), o)

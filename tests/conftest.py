@@ -68,7 +68,6 @@ def llama_target():
 @pytest.fixture
 def data_env(monkeypatch):
     """Task data from $HARNESS_DATA_DIR, else ../shared/datasets beside the repository; skip without either."""
-    import os
     from pathlib import Path
 
     if not os.environ.get("HARNESS_DATA_DIR"):

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import re
 import urllib.request
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from contracts.records import ServerTTFT, SpecCounts
 

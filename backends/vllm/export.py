@@ -145,7 +145,8 @@ def vllm_tensor_shapes(hf: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def _layer_ids(hf: Mapping[str, Any]) -> list[int]:
     """The target layers vLLM feeds the draft, first found in vLLM's order of precedence."""
-    dflash = hf.get("dflash_config") if isinstance(hf.get("dflash_config"), Mapping) else {}
+    nested = hf.get("dflash_config")
+    dflash: Mapping[str, Any] = nested if isinstance(nested, Mapping) else {}
     for ids in (hf.get("eagle_aux_hidden_state_layer_ids"), dflash.get("target_layer_ids"),
                 hf.get("dspark_target_layer_ids"), hf.get("target_layer_ids")):
         if ids:
@@ -316,7 +317,8 @@ def _check_exportable(config: DraftConfig, layout: str, allow_fill_in: bool, dra
 
 def _check_target(config: DraftConfig, target_hf: Mapping[str, Any], target_dir: Path) -> None:
     problems = []
-    text = target_hf.get("text_config") if isinstance(target_hf.get("text_config"), Mapping) else target_hf
+    nested = target_hf.get("text_config")
+    text: Mapping[str, Any] = nested if isinstance(nested, Mapping) else target_hf
     if int(text.get("hidden_size", -1)) != config.target_hidden_size:
         problems.append(f"target hidden_size {text.get('hidden_size')} != draft target_hidden_size {config.target_hidden_size}")
     if int(text.get("vocab_size", -1)) != config.vocab_size:
@@ -340,7 +342,7 @@ def _target_embeddings(target_dir: Path, target_hf: Mapping[str, Any]) -> tuple[
     wanted = ("model.embed_tokens.weight", "lm_head.weight", "model.language_model.embed_tokens.weight")
     for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 (a safe_open handle has keys(), no __iter__)
                 if key in wanted:
                     tensors[key] = f.get_tensor(key)
     embed = tensors.get("model.embed_tokens.weight", tensors.get("model.language_model.embed_tokens.weight"))

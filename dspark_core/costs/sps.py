@@ -82,7 +82,7 @@ class SPSTable:
         dups = sorted({a[0] for a, b in zip(pts, pts[1:]) if a[0] == b[0]})
         if dups:
             raise ValueError(f"duplicate batch sizes {dups}")
-        return cls(tuple(b for b, _ in pts), tuple(s for _, s in pts), fingerprint, dict(meta or {}))
+        return cls(tuple(b for b, _ in pts), tuple(s for _, s in pts), _coerce(fingerprint), dict(meta or {}))
 
     @property
     def max_batch_size(self) -> int:
@@ -172,9 +172,13 @@ def step_sps_table(
         raise ValueError("need tile, max_batch_size >= 1, latencies >= 0 and a positive step latency")
     edges = list(range(tile, max_batch_size + tile, tile))
     return SPSTable(
-        tuple(edges), tuple(1.0 / (base_latency_s + tile_latency_s * (b // tile)) for b in edges), fingerprint,
+        tuple(edges), tuple(1.0 / (base_latency_s + tile_latency_s * (b // tile)) for b in edges), _coerce(fingerprint),
         {"synthetic": {"tile": tile, "base_latency_s": base_latency_s, "tile_latency_s": tile_latency_s}},
     )
+
+
+def _coerce(fingerprint: SPSFingerprint | Mapping[str, Any] | None) -> SPSFingerprint | None:
+    return SPSFingerprint.coerce(fingerprint) if fingerprint is not None else None
 
 
 def read_sps_csv(path: str | Path, fingerprint: SPSFingerprint | Mapping[str, Any] | None = None) -> SPSTable:

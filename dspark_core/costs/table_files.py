@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from dspark_core.costs.fingerprint import SPSFingerprint, reject_unknown
 from dspark_core.costs.sps import SPSTable
@@ -47,7 +47,7 @@ def _read_store(path: str | Path) -> tuple[list[SPSTable], list[StepCostTable]]:
         raise ValueError(f"{path}: \"step_costs\" needs format version 2")
     if not isinstance(data.get("tables"), list) or not isinstance(data.get("step_costs", []), list):
         raise ValueError(f"{path}: \"tables\" (and \"step_costs\") must be lists")
-    stores = []
+    stores: list[list[Any]] = []
     for key, kind in (("tables", SPSTable), ("step_costs", StepCostTable)):
         entries = []
         for i, entry in enumerate(data.get(key, [])):
@@ -61,7 +61,7 @@ def _read_store(path: str | Path) -> tuple[list[SPSTable], list[StepCostTable]]:
         if len(set(fps)) != len(fps):
             raise ValueError(f"{path}: two {'tables' if key == 'tables' else 'step_costs'} share one fingerprint")
         stores.append(entries)
-    return stores[0], stores[1]
+    return cast(list[SPSTable], stores[0]), cast(list[StepCostTable], stores[1])
 
 
 def load_sps_table(path: str | Path, fingerprint: SPSFingerprint | Mapping[str, Any]) -> SPSTable:

@@ -135,7 +135,7 @@ class DraftModelDrafter:
                 break
             out = self.model.forward(state, rows, token[:, None], active.long())
             logits = out.logits[:, 0]  # [R, V]
-            if greedy:
+            if probs is None:  # every row greedy
                 token = logits.argmax(-1)
             else:
                 p = logits_to_probs(logits, temperatures)

@@ -13,6 +13,8 @@ Confidence: c_k = Linear([h_k ; W1[x_{k−1}]]).
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor
 
@@ -76,7 +78,7 @@ class DSparkModel(TargetFedDraft):
             tokens.append(prev)
             probs.append(p)
             confs.append(conf)
-        conf_t = torch.stack(confs, dim=1) if confs and confs[0] is not None else None
+        conf_t = torch.stack(cast(list[Tensor], confs), dim=1) if confs and confs[0] is not None else None
         return torch.stack(tokens, dim=1), torch.stack(probs, dim=1), conf_t
 
     def teacher_forced(self, h: Tensor, prev_ids: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -90,7 +92,7 @@ class DSparkModel(TargetFedDraft):
             logits, conf, state = self.head_outputs(h[:, k], prev_ids[:, k], state)
             outs.append(logits)
             confs.append(conf)
-        conf_t = torch.stack(confs, dim=1) if confs[0] is not None else None
+        conf_t = torch.stack(cast(list[Tensor], confs), dim=1) if confs[0] is not None else None  # all or none
         return torch.stack(outs, dim=1), conf_t
 
 

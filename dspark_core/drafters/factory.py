@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dspark_core.drafters.base import Drafter, NoDrafter
 from dspark_core.drafters.config import DraftConfig
 from dspark_core.drafters.draft_model import load_draft_model
@@ -26,7 +28,7 @@ def draft_config_for(
     num_target_features: int = 5,
 ) -> DraftConfig:
     """A draft shaped like the target (as DeepSpec builds it): same hidden size, heads and vocabulary."""
-    t = getattr(target.config, "text_config", None) or target.config
+    t: Any = getattr(target.config, "text_config", None) or target.config  # a transformers config: dynamic fields
     if method not in ("dspark", "dflash", "eagle3"):
         raise ValueError(f"{method!r} is not a trainable drafter; valid: dspark, dflash, eagle3")
     is_dspark = method == "dspark"

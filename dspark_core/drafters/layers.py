@@ -84,11 +84,11 @@ class DraftAttention(nn.Module):
         q = apply_rotary(q, cos, sin)
         new_k, new_v = self.project_kv(x, positions)
         k, v = new_k, new_v
-        if past_k is not None and scratch_at is not None:
+        if past_k is not None and past_v is not None and scratch_at is not None:
             past_k[:, :, scratch_at : scratch_at + n] = new_k.to(past_k.dtype)
             past_v[:, :, scratch_at : scratch_at + n] = new_v.to(past_v.dtype)
             k, v = past_k[:, :, : scratch_at + n], past_v[:, :, : scratch_at + n]
-        elif past_k is not None:
+        elif past_k is not None and past_v is not None:
             k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask[:, None], enable_gqa=self.num_heads != self.num_kv_heads
@@ -127,7 +127,7 @@ class DraftDecoderLayer(nn.Module):
         attn, kv = attn if return_kv else (attn, None)
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x))
-        return (x, kv) if return_kv else x
+        return x if kv is None else (x, kv)
 
 
 class TargetFedDraft(nn.Module):

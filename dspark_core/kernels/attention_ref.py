@@ -14,6 +14,8 @@ verify segment, no padding anywhere. GQA: query head h reads kv head h // (heads
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -109,10 +111,11 @@ def install_varlen_attention(model: torch.nn.Module) -> None:
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, hf_varlen_attention)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, hf_padding_mask)
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    hf_model: Any = model  # a transformers PreTrainedModel: its attention switch is not on nn.Module
+    if hasattr(hf_model, "set_attn_implementation"):
+        hf_model.set_attn_implementation(ATTN_IMPLEMENTATION)
     else:  # pragma: no cover - older transformers
-        model.config._attn_implementation = ATTN_IMPLEMENTATION
+        hf_model.config._attn_implementation = ATTN_IMPLEMENTATION
 
 
 def varlen_attention(

@@ -212,17 +212,19 @@ def markov_draft(
     has_conf = conf_weight is not None
     if has_conf and not has_bias:
         raise ValueError("the confidence head reads W1[x_{k−1}]: it needs the Markov head")
+    if (w1 is None) != (w2 is None):
+        raise ValueError("the Markov head needs both W1 and W2")
     backbone_logits = backbone_logits.contiguous()
     h = h.contiguous()
     uniforms = uniforms.contiguous()
     temperatures = temperatures.contiguous()
-    if has_bias:
+    if w1 is not None and w2 is not None:
         w1, w2 = w1.contiguous(), w2.contiguous()
         rank = w1.shape[1]
     else:
         w1 = w2 = backbone_logits  # never read
         rank = 1
-    if has_conf:
+    if conf_weight is not None:
         conf_w = conf_weight.reshape(-1).contiguous()
         conf_b = conf_bias.reshape(-1).contiguous() if conf_bias is not None else conf_w.new_zeros(1)
     else:

@@ -133,6 +133,8 @@ def schedule_prefix_triton(
 ) -> Tensor:
     """→ [R] long verify lengths, as `scheduler.schedule_prefix`."""
     source = survival if survival is not None else calibrated_logits
+    if source is None:
+        raise ValueError("schedule_prefix_triton needs survival or calibrated_logits")
     num_rows, gamma = source.shape
     n = num_rows * gamma
     device = source.device
@@ -141,7 +143,7 @@ def schedule_prefix_triton(
         flat = survival.t().reshape(-1).to(torch.float64)  # [γ·R], index j·R + r
     else:
         flat = torch.empty(n, dtype=torch.float64, device=device)
-        logits = calibrated_logits if calibrated_logits.stride(-1) == 1 else calibrated_logits.contiguous()
+        logits = source if source.stride(-1) == 1 else source.contiguous()  # source is calibrated_logits here
         block_r = min(128, triton.next_power_of_2(num_rows))
         survival_kernel[(triton.cdiv(num_rows, block_r),)](
             logits, num_valid if num_valid is not None else logits, flat, num_rows, gamma, logits.stride(0),

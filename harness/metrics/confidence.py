@@ -60,13 +60,15 @@ def calibration_reports(records: Sequence[RequestRecord], temperatures=None, num
     import torch
 
     from dspark_core.calibration import expected_calibration_error
-    raw = expected_calibration_error(*table, num_bins=num_bins)
+    conf_logits, num_verified, num_accepted = table
+    raw = expected_calibration_error(conf_logits, num_verified, num_accepted, num_bins=num_bins)
     calibrated = None
     if temperatures is not None:
         temps = torch.as_tensor(temperatures, dtype=torch.float64)
-        if temps.shape != (table[0].shape[1],):
-            raise ValueError(f"temperatures must be [γ={table[0].shape[1]}], got shape {tuple(temps.shape)}")
-        calibrated = expected_calibration_error(*table, temperatures=temps, num_bins=num_bins)
+        if temps.shape != (conf_logits.shape[1],):
+            raise ValueError(f"temperatures must be [γ={conf_logits.shape[1]}], got shape {tuple(temps.shape)}")
+        calibrated = expected_calibration_error(conf_logits, num_verified, num_accepted, temperatures=temps,
+                                                num_bins=num_bins)
     return raw, calibrated
 
 

@@ -261,7 +261,7 @@ def relations(rows: list[CardRow]) -> list[tuple[str, str, str]]:
     """(claim, verdict, evidence): verdict is holds | does not hold | overlap (intervals do not separate)."""
     out: list[tuple[str, str, str]] = []
     tau = {(r.backend, r.task, r.temperature, r.concurrency, r.drafter): r for r in rows if r.policy == "full"}
-    for (backend, task, temp, conc, drafter), r in sorted(tau.items()):
+    for backend, task, temp, conc, drafter in sorted(tau):
         if drafter != "dspark":
             continue
         trio = [tau.get((backend, task, temp, conc, d)) for d in ("dspark", "dflash", "eagle3")]

@@ -65,7 +65,7 @@ def result_columns(result: CellResult) -> dict[str, dict[str, list]]:
             confidences["step"].extend([step] * len(logits))
             confidences["position"].extend(range(1, len(logits) + 1))
             confidences["logit"].extend(logits)
-    engine = {
+    engine: dict[str, list[Any]] = {
         "step": [s.step for s in result.steps], "t_s": [s.t_s for s in result.steps],
         "batch_size": [s.batch_size for s in result.steps], "num_verified": [s.num_verified for s in result.steps],
         "num_accepted": [s.num_accepted for s in result.steps], "wall_s": [s.wall_s for s in result.steps],

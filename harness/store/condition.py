@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import duckdb
 
-from harness.store.errors import StoreError, one_line
+from harness.store.errors import StoreError, one_line, one_row
 
 _CLASSES = {"COLUMN_REF", "CONSTANT", "COMPARISON", "CONJUNCTION", "OPERATOR", "BETWEEN", "CAST", "FUNCTION"}
 _OPERATORS = {"OPERATOR_NOT", "OPERATOR_IS_NULL", "OPERATOR_IS_NOT_NULL", "COMPARE_IN", "COMPARE_NOT_IN",
@@ -38,7 +38,7 @@ def parse_condition(con: duckdb.DuckDBPyConnection, text: str, view: str, column
         raise StoreError(f"{option} is empty: give a condition such as \"task = 'gsm8k'\"")
     sql = f"SELECT * FROM {view} WHERE {text}\n"  # the newline ends a trailing `--` comment
     try:
-        tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+        tree = json.loads(one_row(con.execute("SELECT json_serialize_sql(?)", [sql]), option)[0])
     except duckdb.Error as exc:
         raise StoreError(f"{option}: cannot parse the condition: {one_line(exc)}") from exc
     if tree.get("error"):
@@ -54,7 +54,7 @@ def parse_condition(con: duckdb.DuckDBPyConnection, text: str, view: str, column
     if not plain or node.get("where_clause") is None:
         raise StoreError(f"{option} takes one condition over {view} columns, not a query or a second statement")
     _check(node["where_clause"], set(columns), option, view)
-    return con.execute("SELECT json_deserialize_sql(?)", [json.dumps(tree)]).fetchone()[0]
+    return one_row(con.execute("SELECT json_deserialize_sql(?)", [json.dumps(tree)]), option)[0]
 
 
 def _check(expr: dict[str, Any], columns: set[str], option: str, view: str) -> None:
@@ -83,7 +83,7 @@ def _children(expr: dict[str, Any]):
     for child in expr.get("children", []):
         yield child
     for argument in expr.get("arguments", []):
-        yield argument["expression"] if "expression" in argument else argument
+        yield argument.get("expression", argument)
 
 
 def _what(kind: str | None) -> str:

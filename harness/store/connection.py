@@ -21,7 +21,7 @@ from pathlib import Path
 
 import duckdb
 
-from harness.store.errors import StoreError, one_line
+from harness.store.errors import StoreError, one_line, one_row
 from harness.store.migrations import migrate
 
 DEFAULT_PATH = Path("results/harness.duckdb")
@@ -44,22 +44,23 @@ def connect(path: str | Path = DEFAULT_PATH, *, read_only: bool = False,
     memory = str(path) == MEMORY
     if memory and read_only:
         raise StoreError("an in-memory store cannot be opened read-only (it would be empty)")
-    path = Path(path) if not memory else path
+    name = str(path)
     if not memory:
-        if read_only and not path.exists():
-            raise StoreError(f"no result store at {path}: run a suite first (`harness run`) or point --db at one")
+        file = Path(path)
+        if read_only and not file.exists():
+            raise StoreError(f"no result store at {file}: run a suite first (`harness run`) or point --db at one")
         if not read_only:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            file.parent.mkdir(parents=True, exist_ok=True)
     try:
-        con = duckdb.connect(str(path), read_only=read_only, config=dict(_NO_EXTENSIONS))
+        con = duckdb.connect(name, read_only=read_only, config=dict(_NO_EXTENSIONS))
     except duckdb.Error as exc:
         raise _open_error(path, exc, read_only) from exc
     try:
         if not memory:
-            _check_intact(con, path, verify_blocks=not read_only)
-        migrate(con, read_only=read_only, name=str(path))
+            _check_intact(con, Path(path), verify_blocks=not read_only)
+        migrate(con, read_only=read_only, name=name)
         # A second connection to a file this process holds open shares its (already locked) settings.
-        if sandbox and not con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
+        if sandbox and not one_row(con.execute("SELECT current_setting('lock_configuration')"), name)[0]:
             for statement in _SANDBOX:
                 con.execute(statement)
     except duckdb.Error as exc:
@@ -80,10 +81,10 @@ def _check_intact(con: duckdb.DuckDBPyConnection, path: Path, *, verify_blocks: 
     """Refuse a store that lost its tail (cheap: the headers say how many blocks the file holds) and,
     before a writer appends, one whose blocks do not match their checksums (DuckDB verifies a block's
     checksum whenever it reads it; a scan of every column reads them all, ~0.1 s per 4 MB)."""
-    block_size, total_blocks, free_blocks = con.execute(
+    block_size, total_blocks, free_blocks = one_row(con.execute(
         "SELECT block_size, total_blocks, free_blocks FROM pragma_database_size()"
         " WHERE database_name = current_database()"
-    ).fetchone()
+    ), str(path))
     # Whole blocks after the headers; free blocks at the end need not exist on disk (DuckDB does not write
     # them), so the file must hold at least the used ones: a cut inside a block, or past the used blocks,
     # is damage (a cut between used blocks is found when the block is read, or by the writer's scan below).

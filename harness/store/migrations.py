@@ -29,7 +29,7 @@ import datetime as dt
 
 import duckdb
 
-from harness.store.errors import StoreError, one_line
+from harness.store.errors import StoreError, one_line, one_row
 
 V1_TABLES = [
     """CREATE TABLE runs (
@@ -143,7 +143,7 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> int | None:
     ).fetchall()}
     if "schema_migrations" not in tables:
         return 0 if not tables else None
-    (version,) = con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
+    (version,) = one_row(con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations"), "schema_migrations")
     return int(version)
 
 

@@ -26,8 +26,10 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from duckdb.func import FunctionNullHandling
+
 from contracts.redaction import redact
-from harness.store.errors import StoreError
+from harness.store.errors import StoreError, one_row
 from harness.store.migrations import SCHEMA_VERSION
 from harness.store.store import Store
 from harness.store.tables import ORDER_BY, RUN_TABLES, column_types
@@ -46,7 +48,7 @@ def export_parquet(store: Store, run_ids: Iterable[str], directory: str | Path) 
         if not _RUN_ID.match(run_id):
             raise StoreError(f"run id {run_id!r} cannot name a file")
         for table in RUN_TABLES:
-            (count,) = store.con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [run_id]).fetchone()
+            (count,) = one_row(store.con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [run_id]), table)
             if count == 0 and table != "runs":
                 continue
             path = directory / table / f"{run_id}.parquet"
@@ -77,7 +79,8 @@ def _redacting(store: Store, table: str) -> str:
     registered = store.con.execute(
         "SELECT 1 FROM duckdb_functions() WHERE function_name = 'harness_redact'").fetchall()
     if not registered:
-        store.con.create_function("harness_redact", _redact_one, ["VARCHAR"], "VARCHAR", null_handling="special")
+        store.con.create_function("harness_redact", _redact_one, ["VARCHAR"], "VARCHAR",
+                                  null_handling=FunctionNullHandling.SPECIAL)
     return " REPLACE (" + ", ".join(f'harness_redact("{c}") AS "{c}"' for c in columns) + ")"
 
 

@@ -23,7 +23,7 @@ import json
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 import duckdb
 
@@ -78,7 +78,7 @@ def utc(value: dt.datetime | float | None) -> dt.datetime | None:
 
 
 def _now() -> dt.datetime:
-    return utc(dt.datetime.now(dt.timezone.utc))
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
 class Store:
@@ -280,9 +280,11 @@ class Store:
                 anchor = self.run(before)
                 if anchor is None:
                     raise StoreError(f"no run {before!r} in {self.path}")
-                before = anchor["started_at"]
+                before_time: dt.datetime = anchor["started_at"]
+            else:
+                before_time = before
             clauses.append("started_at < ?")
-            params.append(utc(before))
+            params.append(utc(before_time))
         excluded = [exclude] if isinstance(exclude, str) else list(exclude or ())
         if excluded:
             clauses.append(f"run_id NOT IN ({', '.join('?' * len(excluded))})")
@@ -363,7 +365,7 @@ class _Transaction:
     def __enter__(self) -> None:
         self.con.execute("BEGIN TRANSACTION")
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         if exc_type is None:
             try:
                 self.con.execute("COMMIT")

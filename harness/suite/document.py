@@ -177,6 +177,8 @@ class _Reader:
         return SuiteError(message, mark=self._mark(node), path=dotted(path))
 
     def _build(self, node: Node, path: DocPath) -> Any:
+        loader = self.loader
+        assert loader is not None, "_build runs inside read()"
         self.num_nodes += 1
         if self.num_nodes > MAX_NODES:
             raise self._fail(node, path, f"document too large (over {MAX_NODES} values once aliases expand)")
@@ -186,7 +188,7 @@ class _Reader:
         if isinstance(node, MappingNode):
             self._check_tag(node, path, {_YAML + "map"})
             own = {id(k) for k, _ in node.value if k.tag != _YAML + "merge"}
-            self.loader.flatten_mapping(node)  # resolves `<<: *anchor` merges: merged pairs first, own keys win
+            loader.flatten_mapping(node)  # resolves `<<: *anchor` merges: merged pairs first, own keys win
             out: dict[str, Any] = {}
             written: set[str] = set()
             for key_node, value_node in node.value:
@@ -210,7 +212,7 @@ class _Reader:
             return items
         self._check_tag(node, path, _SCALAR_TAGS)
         try:
-            value = self.loader.construct_object(node)
+            value = loader.construct_object(node)
         except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
             raise self._fail(node, path, f"an integer of {len(node.value)} characters does not fit a 64-bit "
                                          f"integer (|value| < 2**63)") from None

@@ -40,7 +40,7 @@ def metric_names() -> tuple[frozenset[str], frozenset[str]]:
     except Exception:  # noqa: BLE001 — a refactor of harness.metrics must not stop every suite loading
         names = FALLBACK
     families = {m.group("family") for m in map(_POSITION.match, names) if m}
-    plain = {name for name in names if not (_POSITION.match(name) and _POSITION.match(name).group("family") in families)}
+    plain = {name for name in names if not ((m := _POSITION.match(name)) and m.group("family") in families)}
     return frozenset(plain), frozenset(families)
 
 

@@ -34,7 +34,7 @@ from dataclasses import MISSING, fields
 from typing import Annotated, Any, NoReturn
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from contracts.backend import BACKENDS as BACKEND_REGISTRY
 from contracts.names import (CONFIDENCE_METHODS, CONFIDENCE_POLICIES, DTYPES, HEADS, LM_METHODS, METHODS,  # noqa: F401
@@ -123,7 +123,7 @@ class TargetEntry(Section):
         if not self.path:
             fail("a target needs a path ('embedded', a local directory or a hub id)", ("path",))
         if self.path.startswith(EMBEDDED + ":"):
-            fail(f"the embedded target is written 'embedded'; 'embedded:<name>' names a draft", ("path",))
+            fail("the embedded target is written 'embedded'; 'embedded:<name>' names a draft", ("path",))
         return self
 
 
@@ -442,7 +442,7 @@ _BOUNDS = {
 }
 
 
-def schema_error(error: dict[str, Any], locations: Locations) -> SuiteError:
+def schema_error(error: ErrorDetails, locations: Locations) -> SuiteError:
     """One pydantic error as a SuiteError at the line of the key or value it is about."""
     kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
     path: DocPath = tuple(error["loc"])

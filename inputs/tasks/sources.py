@@ -118,6 +118,8 @@ def load_mt_bench(split: str = "test", *, data_dir: str | os.PathLike[str] | Non
     samples = []
     for i, row in enumerate(rows):
         turns = row.get("turns") or row.get("prompt")  # FastChat / HuggingFaceH4 spelling
+        if not turns:
+            raise ValueError(f"mt_bench row {i}: no 'turns' (or 'prompt') field (fields: {', '.join(row)})")
         qid = row.get("question_id", row.get("prompt_id", i))
         samples.append(TaskSample(id=str(qid), turns=tuple(turns), references=tuple(row.get("reference") or ()),
                                   metadata={"category": row.get("category", "")}))

@@ -17,20 +17,27 @@ def _fmt(x, digits: int = 2) -> str:
     return "–" if x is None or x != x else f"{x:.{digits}f}"
 
 
+def _complete(values: dict[str, float | None]) -> dict[str, float] | None:
+    """The values when every one was measured, else None."""
+    known = {k: v for k, v in values.items() if v is not None}
+    return known if len(known) == len(values) else None
+
+
 def relations(rows: list[dict]) -> list[tuple[str, bool, str]]:
     """(claim, holds, evidence) for the paper's orderings at each temperature."""
     by = {(r["task"], r["drafter"], r["temperature"]): r for r in rows}
     temps = sorted({r["temperature"] for r in rows})
     out = []
     for t in temps:
-        tau = {task: by.get((task, "dspark", t), {}).get("acceptance_length") for task in TASK_ORDER}
-        if None not in tau.values():
+        tau = _complete({task: by.get((task, "dspark", t), {}).get("acceptance_length") for task in TASK_ORDER})
+        if tau is not None:
             holds = tau["gsm8k"] > tau["humaneval"] > tau["mt_bench"]
             out.append((f"T={t:g}: DSpark τ GSM8K > HumanEval > MT-Bench", holds,
                         " > ".join(f"{_fmt(tau[k])}" for k in TASK_ORDER)))
         for task in TASK_ORDER:
-            vals = {d: by.get((task, d, t), {}).get("acceptance_length") for d in ("dspark", "dflash", "eagle3")}
-            if None in vals.values():
+            vals = _complete({d: by.get((task, d, t), {}).get("acceptance_length")
+                              for d in ("dspark", "dflash", "eagle3")})
+            if vals is None:
                 continue
             holds = vals["dspark"] >= vals["dflash"] >= vals["eagle3"]
             out.append((f"T={t:g} {task}: DSpark ≥ DFlash ≥ Eagle3-style", holds,

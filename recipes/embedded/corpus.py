@@ -237,7 +237,7 @@ def _sections(text: str) -> list[tuple[str, str]]:
     """Split a pydoc topic into (heading, body) at reST-style underlined headings."""
     lines = text.splitlines()
     sections: list[tuple[str, list[str]]] = []
-    heading, body = "", []
+    heading, body = "", []  # type: tuple[str, list[str]]
     i = 0
     while i < len(lines):
         if i + 1 < len(lines) and lines[i].strip() and _UNDERLINE.match(lines[i + 1].strip()) \

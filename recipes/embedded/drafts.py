@@ -158,6 +158,8 @@ def build_drafts(
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     target = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, p.target_dtype))
     mask_id = tokenizer.convert_tokens_to_ids(p.mask_token)
+    if not isinstance(mask_id, int):
+        raise ValueError(f"mask token {p.mask_token!r} is not one token of {target_dir}'s tokenizer")
     configs = {
         d.name: draft_config_for(
             target, d.method, mask_token_id=mask_id, head=d.head, num_layers=d.num_layers,

@@ -159,7 +159,7 @@ def load_embedded(root: str | Path, drafter_names: Sequence[str] | None = None, 
     available = sorted(p.name for p in (root / "drafts").iterdir() if (p / "draft_config.json").exists())
     names = list(drafter_names) if drafter_names is not None else ["none", "ngram", *available]
     drafters: dict[str, Drafter] = {}
-    temps: dict[str, torch.Tensor] = {}
+    temps: dict[str, dict[str, torch.Tensor]] = {}
     for name in names:
         if name in ("none", "ngram"):
             drafters[name] = build_drafter(name)

@@ -149,7 +149,7 @@ def tokenize_examples(tok, examples: Sequence[ChatExample]) -> list[TokenizedExa
     encodings = tok.encode_batch([text for text, _ in rendered])
     eos_id = tok.token_to_id(EOS_TOKEN)
     out = []
-    for (text, spans), enc in zip(rendered, encodings):
+    for (_, spans), enc in zip(rendered, encodings):
         starts = np.array([s for s, _ in enc.offsets], dtype=np.int64)
         mask = np.zeros(len(starts), dtype=bool)
         for lo, hi in spans:

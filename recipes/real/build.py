@@ -33,6 +33,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -44,7 +45,8 @@ REAL_DRAFTS = tuple(d for d in DRAFTS if d.name != "dspark-rnn")  # dspark (Mark
 REAL_DRAFTS = tuple(replace(d, num_layers=1) for d in REAL_DRAFTS)
 
 PRESETS_BLOCK_SIZE = 7  # γ of every card cell: the drafts' block size
-_COMMON = dict(num_target_features=3, intermediate_size=768, mask_token="<empty_output>", block_size=PRESETS_BLOCK_SIZE, markov_rank=32)
+_COMMON: dict[str, Any] = dict(num_target_features=3, intermediate_size=768, mask_token="<empty_output>",
+                               block_size=PRESETS_BLOCK_SIZE, markov_rank=32)
 
 
 def fast_dtype() -> str:

@@ -73,7 +73,7 @@ def test_a_random_target_runs_with_synthetic_acceptance_and_every_row_says_so(tm
     assert main(["run", str(suite), "--db", str(db)]) == 0
     _, cells = read_only_query(db, "select drafter, label, params, provenance from cells order by drafter, repeat")
     assert len(cells) == 3  # plain, the synthetic cell, the closing plain pass
-    for drafter, label, params, provenance in cells:
+    for _drafter, label, params, provenance in cells:
         assert "RANDOM-WEIGHTS" in label and json.loads(params)["target"]["path"] == "random:tiny-qwen3"
         assert json.loads(provenance)["random_weights"] == "random:tiny-qwen3"
     assert "SYNTHETIC α=0.8,0.5" in cells[2][1]

@@ -27,8 +27,6 @@ def target_dir(tmp_path_factory, qwen3_target):
 
 
 def _draft(target, method, head="markov", seed=0, **kw):
-    from dspark_core.target import TargetModel
-
     config = draft_config_for(target, method, mask_token_id=MASK, head=head, num_layers=2, target_layer_ids=(0, 2),
                               markov_rank=8, **kw)
     torch.manual_seed(seed)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark_core import kernels
 from dspark_core.kernels import attention_ref
 from dspark_core.kernels.attention_ref import install_varlen_attention, varlen_attention, varlen_attention_torch
 from dspark_core.target import TargetModel

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark_core import kernels
 from dspark_core.scheduler import (
     calibrated_survival, dispatch_schedule_prefix, dispatch_schedule_prefix_from_logits, schedule_prefix,
 )

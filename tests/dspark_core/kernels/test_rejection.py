@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark_core import kernels, verification
+from dspark_core import verification
 from dspark_core.verification import dispatch_rejection_sample
 from dspark_core.distributions import logits_to_probs, sample_from_probs
 

@@ -102,7 +102,7 @@ def test_one_ece_in_summary_diagram_and_view(tmp_path):
     assert "ece_position_raw" in section.body and "Wilson" in section.body
     from harness.report.reliability import Bin, ece_interval
 
-    for kind, value in view:  # each ECE of the table with its interval beside it
+    for kind, _value in view:  # each ECE of the table with its interval beside it
         bins = [Bin(r["position"], r["bin"], r["lower"], r["upper"], r["count"], r["confidence_sum"], r["outcome_sum"])
                 for r in data.calibration if r["kind"] == kind and r["count"]]
         low, high = ece_interval(bins)

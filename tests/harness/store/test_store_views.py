@@ -79,7 +79,7 @@ def test_v_acceptance_equals_the_python_metrics(recorded):
     columns, rows = store.query("SELECT * FROM v_acceptance WHERE run_id = ?", [run_id])
     by_key = {(r[1], r[2]): dict(zip(columns, r)) for r in rows}
     assert len(by_key) == len(cells) + 2  # the failed cell's two repeats are rows too, with no steps
-    for key, (cell, result) in cells.items():
+    for key, (_, result) in cells.items():
         row, ok = by_key[key], ok_records(result)
         assert row["requests"] == len(ok)
         assert row["steps"] == sum(r.num_steps for r in ok)
@@ -111,7 +111,7 @@ def test_v_positions_equals_both_python_forms(recorded):
     for r in rows:
         row = dict(zip(columns, r))
         got.setdefault((row["cell_id"], row["repeat"]), []).append(row)
-    for key, (cell, result) in cells.items():
+    for key, (_, result) in cells.items():
         ok = ok_records(result)
         unconditional = [m.value for m in position_acceptance_unconditional(ok)]
         conditional = [m.value for m in position_acceptance_conditional(ok)]
