@@ -21,9 +21,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import replace
-from typing import Iterable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Iterable, Mapping
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from contracts.cells import CellResult
 
 MASK = "[REDACTED]"
 MIN_SECRET_CHARS = 8
@@ -71,7 +72,7 @@ def redact(text: str | None, extra: Iterable[str] = ()) -> str | None:
     return text
 
 
-def redact_result(result: T) -> T:
+def redact_result(result: CellResult | None) -> CellResult | None:
     """A cell result (`contracts.cells.CellResult`) with its log and every request's error redacted."""
     if result is None:
         return result

@@ -75,7 +75,7 @@ def load_causal_lm(location: str | Path, dtype: torch.dtype, device: str | torch
 
     marker = random_init(location)
     if marker is None:
-        return AutoModelForCausalLM.from_pretrained(str(location), dtype=dtype).to(device)
+        return AutoModelForCausalLM.from_pretrained(str(location), dtype=dtype).to(device)  # type: ignore[arg-type]  # transformers types .to as its decorator
     config = AutoConfig.from_pretrained(str(location))
     state = torch.random.get_rng_state()
     torch.manual_seed(int(marker.get("seed", 0)))

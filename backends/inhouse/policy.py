@@ -32,8 +32,12 @@ def build_policy(spec: PolicySpec, plain: bool, num_drafts: int, target, drafter
     if plain or spec.name == "full":
         return None, ""
     if spec.name == "static":
+        if spec.verify_length is None:
+            raise ValueError("policy static needs verify_length (γ' drafts verified per step)")
         return scheduler.StaticLength(spec.verify_length), ""
     if spec.name == "threshold":
+        if spec.threshold is None:
+            raise ValueError("policy threshold needs threshold (a confidence cut-off in (0, 1))")
         return scheduler.ConfidenceThreshold(spec.threshold, temperatures=temps), ""
     if spec.name == "adaptive":
         costs, note = step_cost_table(spec, target, drafter, num_drafts, drafter_key, rows)

@@ -67,7 +67,7 @@ def run_cell(cell: Cell, built: Built, *, num_slots: int, max_context: int, devi
     verifier = None
     if cell.is_synthetic:  # not lossless: accepts by the suite's law (marked in label, params, provenance, metrics)
         from dspark_core.verification import synthetic_verifier
-        verifier = synthetic_verifier(cell.drafter.synthetic_acceptance)
+        verifier = synthetic_verifier(cell.drafter.synthetic_acceptance or ())
     longest = max(len(r.prompt_ids) for r in first_turns) + cell.task.max_new_tokens
     engine = build_engine(built, cell.num_drafts, cell.concurrency if cell.concurrency is not None else num_slots,
                           max_context, longest=longest, verifier=verifier)
@@ -133,7 +133,7 @@ def provenance(cell: Cell, built: Built, dataset_hash: str, device: torch.device
     if model_refs.is_random(cell.target.path):  # random weights (inputs.model_refs): engine speed only, never quality
         out["random_weights"] = cell.target.path
     if cell.is_synthetic:  # every row of a synthetic cell says so (and `derive` adds its flag metric)
-        out["synthetic_acceptance"] = list(cell.drafter.synthetic_acceptance)
+        out["synthetic_acceptance"] = list(cell.drafter.synthetic_acceptance or ())
     return out
 
 

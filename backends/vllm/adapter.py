@@ -31,6 +31,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from contracts.backend import BackendError, BackendUnavailable, Progress
 from backends.openai.metrics import per_request_usage  # vLLM's per-request block → our spec extension
@@ -86,7 +87,7 @@ class VLLMBackend(ServerBackend):
             endpoint = Endpoint(self.base_url, timeout_s=self.timeout_s, extra_body={"return_token_ids": True})
             endpoint = Endpoint(endpoint.base_url, served_model(endpoint), timeout_s=endpoint.timeout_s,
                                 extra_body=endpoint.extra_body)
-            provenance = {
+            provenance: dict[str, Any] = {
                 "backend_version": f"vllm/{server_version(endpoint)}",
                 "device": "cuda" if _has_cuda() else "cpu",
                 "server_argv": shlex.join(argv),
@@ -94,7 +95,7 @@ class VLLMBackend(ServerBackend):
             if draft is not None:
                 provenance["vllm_draft"] = draft
             if cell.is_synthetic:  # not lossless: accepted by the suite's law (the argv's speculative config)
-                provenance["synthetic_acceptance"] = list(cell.drafter.synthetic_acceptance)
+                provenance["synthetic_acceptance"] = list(cell.drafter.synthetic_acceptance or ())
             return run_cell_at(endpoint, cell, progress, tokenizer=self._tokenizer(cell.target.path),
                                scrape_metrics=True, provenance=provenance)
 

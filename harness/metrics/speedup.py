@@ -142,7 +142,7 @@ def sandwich_position(spec_mid: float, open_mid: float, close_mid: float) -> flo
 @lru_cache(maxsize=None)
 def _binomial_half_cdf(n: int) -> tuple[float, ...]:
     """P(Bin(n, ½) ≤ j) for j = 0 … n (floats: pmf by the ratio recursion, exact enough for n ≤ 1000)."""
-    pmf, cdf = 0.5 ** n, []
+    pmf, cdf = 0.5 ** n, list[float]()
     for i in range(n + 1):
         cdf.append((cdf[-1] if cdf else 0.0) + pmf)
         pmf *= (n - i) / (i + 1)
@@ -224,14 +224,14 @@ def paired_speedup(rounds: Sequence[RoundPair], planned: int, drift_bound: float
         missing = [str(i) for i in range(planned) if i not in seen]
         bad.append(f"round{'s' if len(missing) > 1 else ''} {', '.join(missing)} not measured")
     good = [r for r in rounds if not r.problems and _usable(r)]
-    ratios = tuple(r.spec / r.baseline for r in good)  # type: ignore[operator]
+    ratios = tuple(r.spec / r.baseline for r in good)
     drift = baseline_drift([p for r in good for p in r.passes]) if len(good) >= 2 else None
     moves = [r.sandwich_drift for r in good if r.sandwich_drift is not None]
-    extra = dict(sandwich_drift=max(moves) if moves else None,
-                 unsteady_rounds=tuple(r.round for r in good if (r.sandwich_drift or 0) > sandwich_bound))
+    sandwich_drift = max(moves) if moves else None
+    unsteady = tuple(r.round for r in good if (r.sandwich_drift or 0) > sandwich_bound)
     if not ratios:
         return PairedSpeedup(None, None, (), planned, drift, "invalid", "; ".join(bad) or "no round measured",
-                             **extra)
+                             sandwich_drift=sandwich_drift, unsteady_rounds=unsteady)
     value, ci, coverage = median_interval(ratios, confidence)
     unstable = instability(good, drift_bound, sandwich_bound)
     if bad:
@@ -240,7 +240,8 @@ def paired_speedup(rounds: Sequence[RoundPair], planned: int, drift_bound: float
         status, reason = "unstable", unstable
     else:
         status, reason = "ok", ""
-    return PairedSpeedup(value, ci, ratios, planned, drift, status, reason, coverage, **extra)
+    return PairedSpeedup(value, ci, ratios, planned, drift, status, reason, coverage,
+                         sandwich_drift=sandwich_drift, unsteady_rounds=unsteady)
 
 
 def summary_lines(speedups: Sequence[tuple[str, PairedSpeedup]]) -> list[str]:

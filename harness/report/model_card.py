@@ -106,9 +106,13 @@ def _unit_index(cycles: gate_data.ConfidenceCycles) -> tuple[np.ndarray, int]:
 def _temperatures(cell: gate_data.CellInfo, cycles: gate_data.ConfidenceCycles) -> np.ndarray | None:
     by_repeat = {r.repeat: r.sts_temperatures for r in cell.repeats}
     gamma = cycles.logits.shape[1]
-    if any(by_repeat.get(int(r)) is None or len(by_repeat[int(r)]) < gamma for r in set(cycles.repeat.tolist())):
-        return None
-    return np.array([by_repeat[int(r)][:gamma] for r in cycles.repeat], dtype=np.float64)
+    rows = []
+    for r in cycles.repeat.tolist():
+        temps = by_repeat.get(int(r))
+        if temps is None or len(temps) < gamma:
+            return None
+        rows.append(temps[:gamma])
+    return np.array(rows, dtype=np.float64)
 
 
 def ece_with_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | None) -> tuple[Interval, float, int]:
@@ -228,7 +232,7 @@ def card_rows(conn, run_id: str) -> list[CardRow]:
             tau, conversations, drafting = tau_interval(steps[cell.cell_id])
         else:
             tau, conversations, drafting = Interval(None), 0, 0
-        ece = {True: (Interval(None), None), False: (Interval(None), None)}
+        ece: dict[bool, tuple[Interval, float | None]] = {True: (Interval(None), None), False: (Interval(None), None)}
         confidences = 0
         cycles = gate_data.confidence_cycles(conn, run_id, cell.cell_id)
         if cycles is not None:
@@ -293,7 +297,8 @@ def _pooled_ece(rows: list[CardRow], temperature: float) -> tuple[float, int] | 
     if not picked:
         return None
     n = sum(r.confidences for r in picked)
-    return sum(r.ece_calibrated.value * r.confidences for r in picked) / n, n  # type: ignore[operator]
+    weighted = sum((r.ece_calibrated.value or 0.0) * r.confidences for r in picked)
+    return weighted / n, n
 
 
 def card_sections(rows: list[CardRow]) -> list[str]:

@@ -68,6 +68,8 @@ def ece_interval(bins: Sequence[Bin], confidence: float = 0.95, draws: int = ECE
     outcomes = np.random.default_rng(seed).binomial(counts, accuracy, size=(draws, counts.size))
     redrawn = np.abs(predicted[None, :] - outcomes).sum(axis=1) / total
     point = ece(bins)
+    if point is None:
+        return None
     low, high = np.quantile(redrawn, [(1 - confidence) / 2, (1 + confidence) / 2])
     return max(0.0, 2 * point - float(high)), max(0.0, 2 * point - float(low))
 

@@ -150,8 +150,14 @@ def build_drafts(
     seed: int = 0,
     drafts: tuple[DraftSpec, ...] = DRAFTS,
     log: Callable[[str], None] = print,
+    work_dir: str | Path | None = None,
 ) -> list[DraftReport]:
-    """Train every draft in `drafts` for the target in `target_dir`; write each to `out_dir/<name>`."""
+    """Train every draft in `drafts` for the target in `target_dir`; write each to `out_dir/<name>`.
+
+    With `work_dir`, the build resumes: the target caches are kept there (keyed by everything that makes
+    them), and a draft already in `out_dir` with the same training config is kept, not retrained. A real
+    target's build outlasts a working session (the cache alone is ≈ 45 min on 2 shared cores), and losing
+    it to an interruption costs the whole build again."""
     from transformers import AutoTokenizer
 
     p = DRAFT_PRESETS[preset] if isinstance(preset, str) else preset
@@ -172,16 +178,22 @@ def build_drafts(
     layer_ids = next(iter(configs.values())).target_layer_ids
     target.set_layer_ids(layer_ids)  # the STS fits generate with the drafts, which read exactly these layers
     start = time.perf_counter()
-    cache = build_cache(target, tokenizer, corpus, p, layer_ids, seed)
-    heldout = build_target_cache(
+    key = _cache_key(corpus, p, seed, target_dir, layer_ids)
+    cache = _kept(work_dir, "train", key, log, lambda: build_cache(target, tokenizer, corpus, p, layer_ids, seed))
+    heldout = _kept(work_dir, "heldout", key, log, lambda: build_target_cache(
         target, heldout_prompts(corpus, tokenizer, p.sts_prompts_per_domain), layer_ids=layer_ids,
         max_new_tokens=p.max_new_tokens, temperature=1.0, stop_token_ids=stop_tokens(tokenizer),
         seed=seed + 200_000, logits_dtype=torch.bfloat16, batch_size=p.cache_batch_size,
-    )
+    ))
     log(f"target cache: {len(cache)} sequences, {sum(s.num_tokens for s in cache.sequences)} tokens "
         f"in {time.perf_counter() - start:.0f} s")
     reports = []
     for d in drafts:
+        kept = _kept_draft(Path(out_dir) / d.name, replace(p.train, seed=seed)) if work_dir is not None else None
+        if kept is not None:
+            log(f"{d.name}: kept from an earlier run of this build ({Path(out_dir) / d.name})")
+            reports.append(kept)
+            continue
         torch.manual_seed(seed)
         model = build_draft_model(configs[d.name])
         model.copy_target_embeddings(target.input_embeddings(), target.output_embeddings())
@@ -206,6 +218,47 @@ def build_drafts(
             f"{report.train_seconds:.0f} s")
         reports.append(report)
     return reports
+
+
+def _cache_key(corpus: Corpus, preset: DraftPreset, seed: int, target_dir, layer_ids) -> str:
+    """Everything a target cache depends on, hashed: corpus, generation settings, seed, target, dtype, layers."""
+    import hashlib
+    import json
+
+    what = {"corpus": corpus.fingerprint(), "prompts_per_domain": preset.prompts_per_domain,
+            "max_new_tokens": preset.max_new_tokens, "sts_prompts_per_domain": preset.sts_prompts_per_domain,
+            "cache_batch_size": preset.cache_batch_size, "target_dtype": preset.target_dtype, "seed": seed,
+            "target": str(target_dir), "layer_ids": list(layer_ids), "torch": torch.__version__}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _kept(work_dir, name: str, key: str, log, build: Callable[[], TargetCache]) -> TargetCache:
+    """The cache `name` from `work_dir` when it was built under `key`, else built now (and kept there)."""
+    if work_dir is None:
+        return build()
+    path = Path(work_dir) / f"target-cache-{name}-{key}.pt"
+    if path.exists():
+        log(f"target cache {name}: kept from an earlier run of this build ({path})")
+        return TargetCache.load(path)
+    cache = build()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    cache.save(partial)
+    partial.replace(path)  # whole or absent: an interrupted save is never read back
+    return cache
+
+
+def _kept_draft(directory: Path, train_cfg: TrainConfig) -> DraftReport | None:
+    """The report of a draft this build already wrote with the same training config, else None."""
+    import json
+
+    path = directory / "draft_config.json"
+    if not path.exists():
+        return None
+    extra = json.loads(path.read_text()).get("extra", {})
+    if extra.get("train_config") != _jsonable(asdict(train_cfg)) or "training" not in extra:
+        return None
+    return DraftReport(**extra["training"])
 
 
 def _jsonable(value):

@@ -106,13 +106,13 @@ PRESETS = {
 
 def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "default", seed: int = 0,
           data_dir: str | None = None, overwrite: bool = False, num_threads: int = 2, dtype: str = "auto",
-          log=print) -> dict:
+          resume: bool = False, log=print) -> dict:
     from inputs import model_refs
 
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(out.iterdir()) and not resume:
         if not overwrite:
-            raise FileExistsError(f"{out} exists and is not empty (pass --overwrite to rebuild it)")
+            raise FileExistsError(f"{out} exists and is not empty (pass --resume to finish it, --overwrite to rebuild it)")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(num_threads)
@@ -124,7 +124,8 @@ def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "d
 
     start = time.perf_counter()
     corpus = build_corpus(data_dir, p.caps)
-    reports = build_drafts(target_dir, out / "drafts", corpus, preset=p.drafts, seed=seed, drafts=REAL_DRAFTS, log=log)
+    reports = build_drafts(target_dir, out / "drafts", corpus, preset=p.drafts, seed=seed, drafts=REAL_DRAFTS, log=log,
+                           work_dir=out / "work")
     seconds["drafts"] = time.perf_counter() - start
 
     card_suite = write_card_suite(out, p.card, target=target, dtype=dtype, num_threads=num_threads, seed=seed)
@@ -224,9 +225,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="target forwards and draft training (auto: bf16 only where the CPU has native bf16)")
     parser.add_argument("--data-dir", default=None, help="dataset directory (default: $HARNESS_DATA_DIR)")
     parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--resume", action="store_true",
+                        help="finish an interrupted build in OUT_DIR: keep its target caches (OUT_DIR/work) and trained drafts")
     args = parser.parse_args(argv)
     summary = build(args.out_dir, target=args.target, preset=args.preset, seed=args.seed, data_dir=args.data_dir,
-                    overwrite=args.overwrite, num_threads=args.threads, dtype=args.dtype, log=lambda line: print(line, flush=True))
+                    overwrite=args.overwrite, resume=args.resume, num_threads=args.threads, dtype=args.dtype, log=lambda line: print(line, flush=True))
     print(f"built {args.out_dir} in {sum(summary['build']['seconds'].values()) / 60:.1f} min")
     return 0
 
