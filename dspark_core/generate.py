@@ -87,11 +87,17 @@ class RequestCounters:
         self.record(outcome.num_verified[row], outcome.num_accepted[row], confidences)
 
     def record(self, verified: int, accepted: int, confidences: Sequence[float] | None) -> None:
+        """One step. `confidences` None: the step verified nothing with a confidence (no confidence head, or no
+        draft forward); once a step has them, every step has an entry ([] for those without), so the lists stay
+        aligned whichever came first."""
         self.num_verified.append(verified)
         self.num_accepted.append(accepted)
         self.accepted_histogram[accepted] += 1
         if confidences is not None:
+            self.confidence_logits += [[] for _ in range(self.num_steps - 1 - len(self.confidence_logits))]
             self.confidence_logits.append(list(confidences))
+        elif self.confidence_logits:
+            self.confidence_logits.append([])
 
 
 @dataclass
@@ -110,7 +116,6 @@ class BatchState:
     num_tokens: Tensor  # [num_slots]: committed; the last is the anchor (its target forward not yet run)
     target_cache: object
     draft_state: object
-    has_confidences: bool | None = None  # whether the drafter's proposals carry confidences (None: none seen yet)
 
 
 def new_batch_state(target: TargetModel, drafter: Drafter, num_slots: int, capacity: int) -> BatchState:
@@ -138,10 +143,11 @@ def generate(
     config: GenerationConfig,
     generators: Sequence[torch.Generator] | None = None,
     seed: int = 0,
-    policy: Policy = VERIFY_ALL,
+    policy: Policy | None = None,
 ) -> list[GenerationResult]:
     """Generate for every prompt at once; request i's randomness comes only from generators[i]. Steps are not
-    timed here: the policy observes each outcome with `seconds=None`."""
+    timed here: the policy (None: `VerifyAll`) observes each outcome with `seconds=None`."""
+    policy = VERIFY_ALL if policy is None else policy
     device = target.device
     num = len(prompts)
     if generators is None:
@@ -231,7 +237,6 @@ def speculative_step(
         step.num_drafts = max(0, min(num_drafts, int(policy.plan(step))))
     if step.num_drafts > 0:
         proposal = drafter.propose(state.draft_state, step)
-        state.has_confidences = proposal.confidence_logits is not None
         n_verify = policy.choose(proposal, step).clamp(0, step.num_drafts)  # [R]
         if proposal.num_valid is not None:
             n_verify = torch.minimum(n_verify, proposal.num_valid)
@@ -265,19 +270,17 @@ def speculative_step(
     drafter.observe(state.draft_state, rows, inputs[:, :observed], out.features[:, :observed], num_emitted)
     # Roll back the target cache to anchor + accepted: the rejected drafts' keys and values are dropped.
     state.target_cache.rollback(rows, cache_len_before + num_emitted)
-    return step_outcome(state, step.num_drafts, width, emitted, num_emitted, n_verify, proposal.confidence_logits)
+    return step_outcome(step.num_drafts, width, emitted, num_emitted, n_verify, proposal.confidence_logits)
 
 
-def step_outcome(state: BatchState, num_drafts: int, width: int, emitted: Tensor, num_emitted: Tensor,
-                 n_verify: Tensor, confidence_logits: Tensor | None) -> StepOutcome:
-    """The step's tensors on the host (its one device sync): per row, the emitted tokens, drafts verified and
-    accepted, and the verified positions' confidence logits (None if the drafter has no confidence head)."""
+def step_outcome(num_drafts: int, width: int, emitted: Tensor, num_emitted: Tensor, n_verify: Tensor,
+                 confidence_logits: Tensor | None) -> StepOutcome:
+    """The step's results on the host: per row, the emitted tokens, drafts verified and accepted, and the verified
+    positions' confidence logits (None if no confidence head drafted this step)."""
     counts, verified = num_emitted.tolist(), n_verify.tolist()
     confidences = None
     if confidence_logits is not None:
         confidences = [row[:n] for row, n in zip(confidence_logits.tolist(), verified)]
-    elif num_drafts == 0 and state.has_confidences:
-        confidences = [[] for _ in verified]  # a step without drafts: nothing verified, nothing to calibrate
     emitted_ids = [row[:n] for row, n in zip(emitted.tolist(), counts)]
     return StepOutcome(emitted_ids, verified, [n - 1 for n in counts], confidences, num_drafts, width)
 
