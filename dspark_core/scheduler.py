@@ -123,11 +123,7 @@ class StaticLength(VerifyAll):
         self.num_verify = num_verify
 
     def choose(self, proposal: DraftProposal, step: DraftStep) -> Tensor:
-        num_rows, gamma = proposal.token_ids.shape
-        drafted = proposal.num_valid if proposal.num_valid is not None else torch.full(
-            (num_rows,), gamma, dtype=torch.long, device=proposal.token_ids.device
-        )
-        return drafted.clamp(max=self.num_verify)
+        return super().choose(proposal, step).clamp(max=self.num_verify)  # of what was drafted
 
 
 class ConfidenceThreshold(_Calibrated):
@@ -492,8 +488,7 @@ class CostAwareScheduler(_Calibrated):
     def choose(self, proposal: DraftProposal, step: DraftStep) -> Tensor:
         num_rows, g = proposal.token_ids.shape
         if num_rows == 0 or g == 0 or not self.early_stop or proposal.confidence_logits is None:
-            drafted = torch.full((num_rows,), g, dtype=torch.long, device=proposal.token_ids.device)
-            return drafted if proposal.num_valid is None else torch.minimum(drafted, proposal.num_valid)
+            return super().choose(proposal, step)  # every drafted token
         a = self.survival(proposal)  # [R, g]
         verify, draft = self.costs.curves(num_rows, g)
         layer_gain = a.sum(dim=0)  # [g] expected accepted drafts of position layer j
