@@ -26,6 +26,7 @@ from torch import Tensor
 
 from dspark_core.drafters.base import DraftProposal, DraftStep, Drafter
 from dspark_core.drafters.deferred import DeferredObservations
+from dspark_core.kv_slots import KVSlots
 from dspark_core.policy import VERIFY_ALL, Policy, StepOutcome
 from dspark_core.target import TargetModel
 from dspark_core.verification import verify
@@ -114,7 +115,7 @@ class BatchState:
 
     token_ids: Tensor  # [num_slots, capacity]
     num_tokens: Tensor  # [num_slots]: committed; the last is the anchor (its target forward not yet run)
-    target_cache: object
+    target_cache: KVSlots
     draft_state: object
 
 

@@ -242,7 +242,7 @@ class PrefixScheduler(_Calibrated):
         super().__init__(temperatures, calibrator)
         self.sps = sps
 
-    def num_admitted(self, theta: Tensor, sorted_survival: Tensor) -> Tensor:
+    def num_admitted(self, theta: Tensor, sorted_survival: Tensor) -> Tensor | int:
         """How many of the sorted candidates to admit, from Θ_0 … Θ_N (the early stop)."""
         return first_drop(theta, sorted_survival)
 
@@ -296,7 +296,7 @@ class AsyncBudgetScheduler(PrefixScheduler):
     def reset(self) -> None:
         self._planned.clear()
 
-    def num_admitted(self, theta: Tensor, sorted_survival: Tensor) -> int:
+    def num_admitted(self, theta: Tensor, sorted_survival: Tensor) -> Tensor | int:
         planned = int(first_drop(theta, sorted_survival))  # what Algorithm 1 would admit now
         if self.delay == 0:
             return planned

@@ -199,6 +199,7 @@ class Engine:
         return done
 
     def _observe_outcomes(self, confs: list[list[float]], n_verified: list[int], n_accepted: list[int]) -> None:
+        assert self.calibrator is not None
         table = torch.zeros(len(confs), self.num_drafts)
         for j, row in enumerate(confs):
             table[j, : len(row)] = torch.tensor(row)
@@ -215,7 +216,8 @@ class Engine:
         device = self.target.device
         rows = torch.tensor([row for row, _ in admitted], device=device)  # empty: new, or emptied by `_finish`
         slots = [
-            Running(r, torch.Generator(device="cpu").manual_seed(r.seed), RequestCounters(self.num_drafts), r.arrival_s)
+            Running(r, torch.Generator(device="cpu").manual_seed(r.seed), RequestCounters(self.num_drafts),
+                    r.arrival_s if r.arrival_s is not None else self.clock())  # `submit` sets it
             for _, r in admitted
         ]
         first = prefill(
