@@ -1,8 +1,8 @@
 """Verification policies: how many of each request's drafts to verify this step (DSPARK.md §2, §4c).
 
-Every policy is a callable `policy(proposal, step) -> [R] long` (the loop's `VerifyPolicy`): the number of
-drafts of row r to send to the target, 0 … γ. The loop caps it further by the token budget and by the
-drafts actually proposed.
+Every policy implements `dspark_core.policy.Policy`; its `choose(proposal, step) -> [R] long` is the number of
+drafts of row r to send to the target, 0 … γ (the loop caps it by the drafts actually proposed). All but
+`CostAwareScheduler` draft γ every step and learn nothing from outcomes (`VerifyAll`'s `plan` and `observe`).
 
 Losslessness (the one rule): the decision to verify draft position j of a request may depend on that
 request's draft tokens before j, never on token j or later. The confidence logit c_j is computed from
@@ -24,7 +24,7 @@ keeps the rule as follows:
   ranked before it (as above), so each request's set is a prefix decided without looking at x_j.
 - `CostAwareScheduler` (the in-house engine): how many tokens to draft (0: no draft forward at all) is
   planned from the acceptance of *earlier* steps and a measured step-cost table, and asked for before the
-  draft forward runs (`draft_length`), so this step's drafts cannot influence it. The verify width is then
+  draft forward runs (`plan`), so this step's drafts cannot influence it. The verify width is then
   chosen layer by layer (position j of every request at once) with Algorithm 1's early stop: layer j is
   admitted from the survivals of positions ≤ j, and a_{r,j} depends on request r's x_1 … x_{j−1} only.
 
@@ -50,6 +50,7 @@ from torch import Tensor
 from dspark_core.kernels import use_triton
 from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.costs import SPSTable, StepCostTable
+from dspark_core.policy import StepOutcome, VerifyAll
 
 
 class Calibrator(Protocol):
@@ -63,7 +64,7 @@ class Calibrator(Protocol):
 # --------------------------------------------------------------------------- confidences → survival
 
 
-class _Calibrated:
+class _Calibrated(VerifyAll):
     """Shared by the confidence-based policies: calibrated logits and survival of a proposal."""
 
     def __init__(self, temperatures: Tensor | None = None, calibrator: Calibrator | None = None) -> None:
@@ -113,7 +114,7 @@ def _leading_run(mask: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- static policies
 
 
-class StaticLength:
+class StaticLength(VerifyAll):
     """Verify min(γ', drafted) drafts of every request."""
 
     def __init__(self, num_verify: int) -> None:
@@ -121,12 +122,8 @@ class StaticLength:
             raise ValueError(f"num_verify must be >= 0, got {num_verify}")
         self.num_verify = num_verify
 
-    def __call__(self, proposal: DraftProposal, step: DraftStep) -> Tensor:
-        num_rows, gamma = proposal.token_ids.shape
-        drafted = proposal.num_valid if proposal.num_valid is not None else torch.full(
-            (num_rows,), gamma, dtype=torch.long, device=proposal.token_ids.device
-        )
-        return drafted.clamp(max=self.num_verify)
+    def choose(self, proposal: DraftProposal, step: DraftStep) -> Tensor:
+        return super().choose(proposal, step).clamp(max=self.num_verify)  # of what was drafted
 
 
 class ConfidenceThreshold(_Calibrated):
@@ -140,7 +137,7 @@ class ConfidenceThreshold(_Calibrated):
             raise ValueError(f"threshold must lie in [0, 1], got {threshold}")
         self.threshold = threshold
 
-    def __call__(self, proposal: DraftProposal, step: DraftStep) -> Tensor:
+    def choose(self, proposal: DraftProposal, step: DraftStep) -> Tensor:
         confident = torch.sigmoid(self.calibrated_logits(proposal)) >= self.threshold  # [R, γ]
         n = _leading_run(confident)
         return n if proposal.num_valid is None else torch.minimum(n, proposal.num_valid)
@@ -245,11 +242,11 @@ class PrefixScheduler(_Calibrated):
         super().__init__(temperatures, calibrator)
         self.sps = sps
 
-    def num_admitted(self, theta: Tensor, sorted_survival: Tensor) -> Tensor:
+    def num_admitted(self, theta: Tensor, sorted_survival: Tensor) -> Tensor | int:
         """How many of the sorted candidates to admit, from Θ_0 … Θ_N (the early stop)."""
         return first_drop(theta, sorted_survival)
 
-    def __call__(self, proposal: DraftProposal, step: DraftStep) -> Tensor:
+    def choose(self, proposal: DraftProposal, step: DraftStep) -> Tensor:
         a = self.survival(proposal)  # [R, γ]
         num_rows = a.shape[0]
         if num_rows == 0 or a.shape[1] == 0:
@@ -299,7 +296,7 @@ class AsyncBudgetScheduler(PrefixScheduler):
     def reset(self) -> None:
         self._planned.clear()
 
-    def num_admitted(self, theta: Tensor, sorted_survival: Tensor) -> int:
+    def num_admitted(self, theta: Tensor, sorted_survival: Tensor) -> Tensor | int:
         planned = int(first_drop(theta, sorted_survival))  # what Algorithm 1 would admit now
         if self.delay == 0:
             return planned
@@ -322,7 +319,7 @@ class CostAwareScheduler(_Calibrated):
     its longest row, so W = 1 + the longest verify length, not R + K, sets the price; g = 0 skips the draft
     forward and is a plain decoding step).
 
-    Plan (`draft_length`, asked before the draft forward): from the outcomes of earlier steps
+    Plan (`plan`, asked before the draft forward): from the outcomes of earlier steps
     (`observe_outcomes`: drafts verified and accepted per request) it keeps, per draft position j, how
     often verification reached j (all drafts before it accepted) and how often j was then accepted; the
     counts decay by 1 − 1/`window` every step, drafted or not, so old evidence fades. With the acceptance
@@ -343,7 +340,7 @@ class CostAwareScheduler(_Calibrated):
     then (a large batch, or a tie), the optimistic plan drafts nothing, so exploring costs nothing there;
     after a long stretch without drafts the decayed counts make it try again.
 
-    Fill (`__call__`, after the drafts): every drafted token is verified (the plan already sized the draft
+    Fill (`choose`, after the drafts): every drafted token is verified (the plan already sized the draft
     to what pays), unless `early_stop`: then, the draft forward being paid, position layers j = 1 … g are
     admitted in order while Θ_w = (R + Σ_r Σ_{j≤w} a_{r,j}) / (draft_seconds(R, g) + verify_seconds(R, w + 1))
     does not drop (Algorithm 1's early stop, per layer; a_{r,j} the calibrated survival), and every request
@@ -351,7 +348,7 @@ class CostAwareScheduler(_Calibrated):
     confidences, so it only helps where they are calibrated; on the embedded default they underestimate
     acceptance and cutting on them loses tokens, hence off by default.
 
-    Learned prices (`observe_step_seconds`, on by default): the engine reports each planned step's wall time
+    Learned prices (`observe_step_seconds`, on by default): the engine reports each step's wall time on its clock
     and the scheduler keeps, for plain steps and for drafting steps apart, the factor by which the table is
     off (a geometric mean over about the last `cost_window` steps of that kind, each observation clipped to
     ×/÷ 4 so a stall does not swing it). It is a decayed mean, not an average pulled from 1: drafting steps
@@ -367,6 +364,8 @@ class CostAwareScheduler(_Calibrated):
     drafts are independent of r's, so whether x_{r,j} is verified never depends on x_{r,j} or later.
     This step's outcomes reach the estimates only after its verification, for later plans.
     """
+
+    may_skip_drafts = True
 
     def __init__(
         self,
@@ -446,7 +445,7 @@ class CostAwareScheduler(_Calibrated):
             out.append(num_rows * (1.0 + gain) / ((draft[g] + verify[g + 1]) * self.cost_factors[int(g > 0)]))
         return out
 
-    def draft_length(self, step: DraftStep) -> int:
+    def plan(self, step: DraftStep) -> int:
         gamma, num_rows = step.num_drafts, len(step.rows)
         n = self.num_plans
         explore = n % self.explore_every == 0 or n in self._cold_explorations
@@ -464,6 +463,13 @@ class CostAwareScheduler(_Calibrated):
         self.num_plans += 1
         return g
 
+    def observe(self, outcome: StepOutcome, seconds: float | None) -> None:
+        """A step's outcomes (if it drafted) and its wall time (if the loop timed it) teach the next plans."""
+        if outcome.draft_length > 0:
+            self.observe_outcomes(torch.tensor(outcome.num_verified), torch.tensor(outcome.num_accepted))
+        if seconds is not None:
+            self.observe_step_seconds(len(outcome.num_verified), outcome.draft_length, outcome.width, seconds)
+
     def observe_outcomes(self, num_verified: Tensor, num_accepted: Tensor) -> None:
         """Add one step's outcomes ([R] drafts verified, [R] accepted) to the per-position counts."""
         longest = int(num_verified.max()) if num_verified.numel() else 0
@@ -479,11 +485,10 @@ class CostAwareScheduler(_Calibrated):
             self.trials[j] += n
             self.accepts[j] += a
 
-    def __call__(self, proposal: DraftProposal, step: DraftStep) -> Tensor:
+    def choose(self, proposal: DraftProposal, step: DraftStep) -> Tensor:
         num_rows, g = proposal.token_ids.shape
         if num_rows == 0 or g == 0 or not self.early_stop or proposal.confidence_logits is None:
-            drafted = torch.full((num_rows,), g, dtype=torch.long, device=proposal.token_ids.device)
-            return drafted if proposal.num_valid is None else torch.minimum(drafted, proposal.num_valid)
+            return super().choose(proposal, step)  # every drafted token
         a = self.survival(proposal)  # [R, g]
         verify, draft = self.costs.curves(num_rows, g)
         layer_gain = a.sum(dim=0)  # [g] expected accepted drafts of position layer j

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from dspark_core.drafters.base import DraftProposal, DraftStep
-from dspark_core.generate import RequestCounters, VerifyPolicy
+from dspark_core.generate import RequestCounters
+from dspark_core.policy import Policy
 from dspark_core.costs import SPSTable
 
 
@@ -90,7 +91,7 @@ class SimResult:
 
 def simulate(
     traces: Sequence[Trace],
-    policy: VerifyPolicy,
+    policy: Policy,
     sps: SPSTable,
     *,
     concurrency: int,
@@ -120,7 +121,7 @@ def simulate(
         proposal = DraftProposal(torch.zeros(rows, gamma, dtype=torch.long), None, conf)
         step = DraftStep(torch.arange(rows), dummy_history, torch.ones(1, dtype=torch.long), gamma,
                          torch.ones(rows), [])
-        lengths = policy(proposal, step).clamp(0, gamma)
+        lengths = policy.choose(proposal, step).clamp(0, gamma)
         accepted = torch.minimum(acceptable, lengths)
         batch_tokens = int((lengths + 1).sum())
         seconds += 1.0 / float(sps(batch_tokens))

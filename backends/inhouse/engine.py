@@ -5,6 +5,8 @@ their first token comes from the target, which is their TTFT), then runs one spe
 every active request: each drafts γ tokens (or fewer, or none, if the policy plans so before the
 draft forward), the policy picks each request's verify length, one batched target forward verifies
 all of them, accepted tokens and the bonus are committed and caches roll back to the accepted length.
+The engine owns the clock: it times each speculative step and tells the policy its outcome and seconds
+(leaving out the hand-over of observations parked by earlier steps without drafts, which is their price).
 Finished requests free and empty their slots at once, so waiting requests join as others finish. Free
 slots are handed out lowest first, so the active slots tend to stay one contiguous range, and the holes
 a finished request leaves hold nothing: the target and drafter then read their KV slots in place, over
@@ -26,8 +28,9 @@ import torch
 from contracts.records import StepRecord
 from dspark_core.calibration import OnlineCalibrator
 from dspark_core.drafters.base import Drafter
-from dspark_core.generate import (RequestCounters, VerifyPolicy, emit, new_batch_state, planner_of, prefill,
-                                  release_slots, speculative_step)
+from dspark_core.drafters.deferred import DeferredObservations
+from dspark_core.generate import RequestCounters, emit, new_batch_state, prefill, release_slots, speculative_step
+from dspark_core.policy import VERIFY_ALL, Policy
 from dspark_core.target import TargetModel
 
 
@@ -83,7 +86,7 @@ class Engine:
         target: TargetModel,
         drafter: Drafter,
         config: EngineConfig = EngineConfig(),
-        policy: VerifyPolicy | None = None,
+        policy: Policy | None = None,
         clock: Callable[[], float] = time.perf_counter,
         calibrator: OnlineCalibrator | None = None,
         verifier: Callable | None = None,
@@ -91,12 +94,17 @@ class Engine:
         """`calibrator`, if given, observes every step's confidences with their outcomes (online STS);
         a policy holding the same calibrator then schedules with temperatures refitted while serving.
         `verifier`: `verification.synthetic_verifier(...)` for a synthetic-acceptance cell (not lossless)."""
-        self.target, self.drafter, self.config, self.policy, self.clock = target, drafter, config, policy, clock
+        self.target, self.config, self.clock = target, config, clock
+        self.policy: Policy = policy if policy is not None else VERIFY_ALL
         self.verifier = verifier
         self.calibrator = calibrator
         self.num_drafts = config.num_drafts if drafter.name != "none" else 0
+        # A policy that may skip drafting: the drafter's observations wait for its next draft (bounded memory).
+        self.deferred = (DeferredObservations(drafter, clock) if self.policy.may_skip_drafts and self.num_drafts
+                         else None)
+        self.drafter: Drafter = self.deferred or drafter
         self.capacity = config.max_context + self.num_drafts + 2
-        self.state = new_batch_state(target, drafter, config.num_slots, self.capacity)
+        self.state = new_batch_state(target, self.drafter, config.num_slots, self.capacity)
         self.waiting: deque[Request] = deque()
         self.slots: dict[int, Running] = {}
         self.free = list(range(config.num_slots))  # a heap: the lowest free slot is used first
@@ -152,30 +160,36 @@ class Engine:
         if rows:
             slots = [self.slots[r] for r in rows]
             device = self.target.device
-            emitted, n_verified, n_accepted, confs = speculative_step(  # γ to the end, as generate()
+            parked_s = self.deferred.handover_seconds if self.deferred is not None else 0.0
+            started = self.clock()
+            outcome = speculative_step(  # γ to the end, as generate()
                 self.target, self.drafter, self.state, torch.tensor(rows, device=device),
                 torch.tensor([s.request.temperature for s in slots], device=device),
-                [s.generator for s in slots], self.num_drafts, None, self.policy, verifier=self.verifier,
+                [s.generator for s in slots], self.num_drafts, self.policy, verifier=self.verifier,
             )
             now = self.clock()
+            handed_over_s = self.deferred.handover_seconds - parked_s if self.deferred is not None else 0.0
+            self.policy.observe(outcome, now - started - handed_over_s)
             for j, (row, slot) in enumerate(zip(rows, slots)):
-                slot.counters.record(n_verified[j], n_accepted[j], confs[j] if confs is not None else None)
+                slot.counters.record_step(outcome, j)
                 before = len(slot.output)
-                reason = emit(slot.output, emitted[j], slot.request.max_new_tokens, slot.request.stop_token_ids)
+                reason = emit(slot.output, outcome.emitted[j], slot.request.max_new_tokens,
+                              slot.request.stop_token_ids)
                 slot.emissions.append((now, len(slot.output) - before))
                 if reason is not None:
                     done.append(self._finish(row, reason, now))
-            verified = sum(n_verified)
-            accepted = sum(n_accepted)
-            drafted = self.state.last_draft_length
-            if self.calibrator is not None and confs is not None and drafted > 0:
-                self._observe_outcomes(confs, n_verified, n_accepted)
+            verified = sum(outcome.num_verified)
+            accepted = sum(outcome.num_accepted)
+            drafted = outcome.draft_length
+            if self.calibrator is not None and outcome.confidences is not None and drafted > 0:
+                self._observe_outcomes(outcome.confidences, outcome.num_verified, outcome.num_accepted)
         end = self.clock()
         self.steps.append(StepRecord(len(self.steps), end, len(rows), verified, accepted, end - start, drafted,
                                      num_prefilled))
         return done
 
     def _observe_outcomes(self, confs: list[list[float]], n_verified: list[int], n_accepted: list[int]) -> None:
+        assert self.calibrator is not None
         table = torch.zeros(len(confs), self.num_drafts)
         for j, row in enumerate(confs):
             table[j, : len(row)] = torch.tensor(row)
@@ -192,13 +206,13 @@ class Engine:
         device = self.target.device
         rows = torch.tensor([row for row, _ in admitted], device=device)  # empty: new, or emptied by `_finish`
         slots = [
-            Running(r, torch.Generator(device="cpu").manual_seed(r.seed), RequestCounters(self.num_drafts), r.arrival_s)
+            Running(r, torch.Generator(device="cpu").manual_seed(r.seed), RequestCounters(self.num_drafts),
+                    r.arrival_s if r.arrival_s is not None else self.clock())  # `submit` sets it
             for _, r in admitted
         ]
         first = prefill(
             self.target, self.drafter, self.state, rows, [r.prompt_ids for _, r in admitted],
             torch.tensor([r.temperature for _, r in admitted], device=device), [s.generator for s in slots],
-            defer_drafter=planner_of(self.policy, self.num_drafts) is not None,
         )
         now = self.clock()
         done = []

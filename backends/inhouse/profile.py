@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from dspark_core.costs import SPSTable, StepCostTable, fingerprint_for
+from dspark_core.policy import VerifyAll
 
 
 @torch.no_grad()
@@ -91,19 +92,18 @@ def profile_sps(
     return SPSTable.from_points(points, fingerprint_for(target, context_len, target_id), meta)
 
 
-class _FixedStep:
+class _FixedStep(VerifyAll):
     """The policy `profile_step_costs` times steps with: draft `num_drafts`, verify `num_verify` of every row."""
+
+    may_skip_drafts = True
 
     def __init__(self, num_drafts: int, num_verify: int) -> None:
         self.num_drafts, self.num_verify = num_drafts, num_verify
 
-    def draft_length(self, step: Any) -> int:
+    def plan(self, step: Any) -> int:
         return self.num_drafts
 
-    def observe_outcomes(self, num_verified: Tensor, num_accepted: Tensor) -> None:
-        pass
-
-    def __call__(self, proposal: Any, step: Any) -> Tensor:
+    def choose(self, proposal: Any, step: Any) -> Tensor:
         return torch.full((len(step.rows),), self.num_verify, dtype=torch.long, device=step.rows.device)
 
 
@@ -157,6 +157,7 @@ def profile_step_costs(
     `warmup` untimed ones), the least disturbed one. Contexts grow by the few tokens each step commits, alike
     for every g. Greedy decoding.
     """
+    from dspark_core.drafters.deferred import DeferredObservations, DeferredState
     from dspark_core.generate import new_batch_state, prefill, speculative_step
 
     sizes = sorted(int(r) for r in rows)
@@ -171,27 +172,30 @@ def profile_step_costs(
             torch.cuda.synchronize(device)
 
     timed = _TimedDrafter(drafter, clock, sync)
+    deferred = DeferredObservations(timed)  # as the engine runs a policy that skips drafts (g = 0 parks)
     rounds = warmup + repeats
     capacity = context_len + 2 + rounds * (num_drafts + 1) * (num_drafts + 1)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    state = new_batch_state(target, timed, sum(sizes), capacity)
+    state = new_batch_state(target, deferred, sum(sizes), capacity)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     all_rows = torch.arange(sum(sizes), device=device)
     prompts = torch.randint(0, target.vocab_size, (len(all_rows), context_len - 1), generator=gen).tolist()
     generators = [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(len(all_rows))]
-    prefill(target, timed, state, all_rows, prompts, torch.zeros(len(all_rows), device=device), generators)
+    prefill(target, deferred, state, all_rows, prompts, torch.zeros(len(all_rows), device=device), generators)
+    parked = state.draft_state
+    assert isinstance(parked, DeferredState)  # what `deferred.start` made
+    deferred.hand_over(parked, all_rows.tolist())  # the prompts are context, not a step's price
     times = {(r, g): [] for r in sizes for g in range(num_drafts + 1)}  # (R, g) → [(verify s, draft s)]
     for i in range(rounds):
         for num_rows, start in zip(sizes, starts):
             block = all_rows[start : start + num_rows]
             temperatures = torch.zeros(num_rows, device=device)
-            budget = torch.full((num_rows,), capacity, dtype=torch.long, device=device)
             for g in range(num_drafts + 1):
                 timed.seconds = 0.0
                 sync()
                 begin = clock()
-                speculative_step(target, timed, state, block, temperatures, generators[start : start + num_rows],
-                                 num_drafts, budget, _FixedStep(g, g))
+                speculative_step(target, deferred, state, block, temperatures, generators[start : start + num_rows],
+                                 num_drafts, _FixedStep(g, g))
                 sync()
                 if i >= warmup:
                     times[num_rows, g].append((clock() - begin - timed.seconds, timed.seconds))

@@ -154,8 +154,8 @@ def _pays_when_idle(alternate: bool = False):
                           ((0.1, 0.1, 0.1), (4.0, 4.0, 4.0)))
 
     class Alternating(CostAwareScheduler):
-        def draft_length(self, step):
-            super().draft_length(step)
+        def plan(self, step):
+            super().plan(step)
             return step.num_drafts if self.num_plans % 2 == 1 else 0
 
     # learn_costs=False: the table is in made-up seconds; learning from real step times would rescale it.
@@ -195,6 +195,72 @@ def test_cost_aware_policy_drafts_only_for_a_small_batch(qwen3_target, prompts):
              Engine(qwen3_target, NoDrafter(), EngineConfig(num_slots=3, max_context=64)).run_to_completion(
                  _requests(prompts, 0.0))}
     assert all(c.output_ids == plain[c.request.request_id] for c in done)
+
+
+class SteppingClock:
+    """Time is outside the unit: a clock that advances 1 ms per reading (a test moves `t` on as well)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 0.001
+        return self.t
+
+
+def test_the_engine_times_each_step_and_tells_the_policy(qwen3_target, prompts):
+    """The engine, not the step, owns the clock: every speculative step's outcome reaches the policy with the
+    seconds the engine's clock measured around it; steps without drafts report g = 0 and width 1."""
+    reports = []
+
+    alternating = _pays_when_idle(alternate=True)
+
+    class Recording(type(alternating)):
+        def observe(self, outcome, seconds):
+            reports.append((len(outcome.num_verified), outcome.draft_length, outcome.width, seconds))
+            super().observe(outcome, seconds)
+
+    policy = Recording(alternating.costs, learn_costs=False)
+    engine = Engine(qwen3_target, _dspark(qwen3_target), EngineConfig(num_slots=3, max_context=64, num_drafts=3),
+                    policy, clock=SteppingClock())
+    engine.run_to_completion(_requests(prompts[:5], 0.0))
+    assert len(reports) == sum(1 for s in engine.steps if s.batch_size)
+    assert [(r, g) for r, g, _, _ in reports] == [(s.batch_size, s.draft_length) for s in engine.steps if s.batch_size]
+    assert {g for _, g, _, _ in reports} == {0, 3}
+    assert all(w == 1 for _, g, w, _ in reports if g == 0) and all(1 <= w <= g + 1 for _, g, w, _ in reports)
+    assert all(0 < s < 0.01 for *_, s in reports)  # a few clock readings around each step, nothing else
+
+
+def test_reported_step_times_leave_out_the_hand_over_of_parked_positions(qwen3_target, prompts):
+    """The first drafting step after steps without drafts first hands what they parked to the drafter; that
+    observe is the plain steps' price, so the seconds the engine reports for the drafting step leave it out
+    (else drafting would look dearer the rarer it is). Every drafter observe here takes 100 s on the engine's
+    clock: a drafting step reports its own observe (100 s), never a hand-over; plain steps observe nothing."""
+    reports = []
+
+    alternating = _pays_when_idle(alternate=True)
+
+    class Recording(type(alternating)):
+        def observe(self, outcome, seconds):
+            reports.append((outcome.draft_length, seconds))
+            super().observe(outcome, seconds)
+
+    clock = SteppingClock()
+    drafter = _dspark(qwen3_target)
+    real_observe = drafter.observe
+
+    def slow_observe(*args):
+        clock.t += 100.0
+        real_observe(*args)
+
+    drafter.observe = slow_observe
+    engine = Engine(qwen3_target, drafter, EngineConfig(num_slots=3, max_context=64, num_drafts=3),
+                    Recording(alternating.costs, learn_costs=False), clock=clock)
+    engine.run_to_completion(_requests(prompts[:5], 0.0))
+    assert engine.deferred is not None and engine.deferred.handover_seconds >= 200.0  # prompts, then parked steps
+    assert {g for g, _ in reports} == {0, 3}
+    assert all(s < 1.0 for g, s in reports if g == 0)
+    assert all(100.0 < s < 101.0 for g, s in reports if g > 0)
 
 
 def test_active_slots_stay_contiguous(qwen3_target, prompts, monkeypatch):

@@ -37,7 +37,7 @@ def test_scheduler_decision(benchmark, torch_threads, name: str) -> None:
     torch_threads(1)  # the engine runs the scheduler on one host thread
     policy, proposal = POLICIES[name](), _proposal()
     benchmark.group = f"scheduler-{NUM_REQUESTS}x{GAMMA}"
-    lengths = benchmark(policy, proposal, None)
+    lengths = benchmark(policy.choose, proposal, None)
     assert lengths.shape == (NUM_REQUESTS,) and lengths.dtype == torch.long
     assert 0 <= int(lengths.min()) and int(lengths.max()) <= GAMMA
     if name.startswith("prefix"):

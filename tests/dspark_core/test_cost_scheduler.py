@@ -20,7 +20,8 @@ from scipy import stats
 
 from backends.inhouse.profile import profile_step_costs
 from dspark_core.drafters import DraftProposal, DraftStep, NoDrafter
-from dspark_core.generate import DraftLengthPolicy, GenerationConfig, generate
+from dspark_core.generate import GenerationConfig, generate
+from dspark_core.policy import StepOutcome, VerifyAll
 from dspark_core.scheduler import CostAwareScheduler
 from dspark_core.costs import (
     SPSFingerprint,
@@ -147,15 +148,15 @@ def outcomes(policy: CostAwareScheduler, verified: list[int], accepted: list[int
 def test_first_plan_is_optimistic_and_drafts_only_where_it_could_pay():
     """Before any outcome every draft counts as accepted with probability 0.9 (`optimism`): one request drafts
     γ; for eight, even every draft accepted would lose (Θ = 4 against 16/7.5, 24/9, 32/10.5)."""
-    assert CostAwareScheduler(PAYS_WHEN_IDLE).draft_length(step_of(1, 3)) == 3  # Θ = 1, 1.9/1.2, 2.71/1.3, …
-    assert CostAwareScheduler(PAYS_WHEN_IDLE).draft_length(step_of(8, 3)) == 0
-    assert CostAwareScheduler(PAYS_WHEN_IDLE, optimism=1.0).draft_length(step_of(8, 3)) == 0
+    assert CostAwareScheduler(PAYS_WHEN_IDLE).plan(step_of(1, 3)) == 3  # Θ = 1, 1.9/1.2, 2.71/1.3, …
+    assert CostAwareScheduler(PAYS_WHEN_IDLE).plan(step_of(8, 3)) == 0
+    assert CostAwareScheduler(PAYS_WHEN_IDLE, optimism=1.0).plan(step_of(8, 3)) == 0
 
 
 def test_plan_from_observed_acceptance():
     policy = CostAwareScheduler(PAYS_WHEN_IDLE, window=1e12, explore_every=100, cold_explorations=0)
-    assert isinstance(policy, DraftLengthPolicy)
-    policy.draft_length(step_of(8, 3))  # the optimistic first plan
+    assert policy.may_skip_drafts  # so the loops defer the drafter's observations
+    policy.plan(step_of(8, 3))  # the optimistic first plan
     outcomes(policy, [3] * 8, [3, 3, 3, 3, 2, 2, 1, 0])
     # Position 1 reached 8 times, accepted 7; position 2: 7, 6; position 3: 6, 4. Each shrunk toward the one
     # before (½ for the first) with the weight of 2 trials: q1 = (7 + 1)/10, q2 = (6 + 2 q1)/9, q3 = (4 + 2 q2)/8.
@@ -167,9 +168,9 @@ def test_plan_from_observed_acceptance():
     gain = np.cumsum(np.cumprod(q))
     assert policy.expected_throughput(1, 3) == pytest.approx(
         [1.0, (1 + gain[0]) / 1.2, (1 + gain[1]) / 1.3, (1 + gain[2]) / 1.4])
-    assert policy.draft_length(step_of(1, 3)) == 3  # one request: Θ = 1, 1.53, 1.94, 2.13
-    assert policy.draft_length(step_of(8, 3)) == 0  # eight: plain 8/2 = 4 beats 1.96, 2.24, 2.27
-    assert policy.draft_length(step_of(8, 0)) == 0
+    assert policy.plan(step_of(1, 3)) == 3  # one request: Θ = 1, 1.53, 1.94, 2.13
+    assert policy.plan(step_of(8, 3)) == 0  # eight: plain 8/2 = 4 beats 1.96, 2.24, 2.27
+    assert policy.plan(step_of(8, 0)) == 0
 
 
 # Per request, drafting is borderline: plain 1/1.04 = 0.9615 tokens/s. After two requests drafted 3 and accepted 1
@@ -183,9 +184,9 @@ def test_drafting_must_beat_plain_by_the_margin():
     costs = table((1,), verify=[[1.0, 1.5]], draft=[[0.3]])
     for margin, plan in ((0.08, 0), (0.05, 1)):
         policy = CostAwareScheduler(costs, window=1e12, explore_every=100, margin=margin, cold_explorations=0)
-        policy.draft_length(step_of(1, 1))
+        policy.plan(step_of(1, 1))
         outcomes(policy, [1] * 10, [1] * 10)
-        assert policy.draft_length(step_of(1, 1)) == plan
+        assert policy.plan(step_of(1, 1)) == plan
 
 
 def test_step_wall_times_correct_the_table_price_of_drafting():
@@ -198,23 +199,23 @@ def test_step_wall_times_correct_the_table_price_of_drafting():
     def trained(learn_costs=True) -> CostAwareScheduler:
         policy = CostAwareScheduler(costs, window=1e12, explore_every=100, cost_window=2, learn_costs=learn_costs,
                                     cold_explorations=0)
-        policy.draft_length(step_of(1, 1))
+        policy.plan(step_of(1, 1))
         outcomes(policy, [1] * 10, [1] * 10)
         return policy
 
     policy = trained()
-    assert policy.draft_length(step_of(1, 1)) == 0
+    assert policy.plan(step_of(1, 1)) == 0
     for _ in range(8):
         policy.observe_step_seconds(1, 1, 2, 0.95)  # table: 0.3 + 1.6 = 1.9
     assert policy.cost_factors[1] == pytest.approx(0.5, rel=1e-2) and policy.cost_factors[0] == 1.0
-    assert policy.draft_length(step_of(1, 1)) == 1
+    assert policy.plan(step_of(1, 1)) == 1
     policy = trained()
     for _ in range(8):
         policy.observe_step_seconds(1, 0, 1, 2.0)
-    assert policy.draft_length(step_of(1, 1)) == 1
+    assert policy.plan(step_of(1, 1)) == 1
     policy = trained()
     policy.observe_step_seconds(1, 1, 2, 0.95)
-    assert policy.cost_factors[1] == pytest.approx(0.5) and policy.draft_length(step_of(1, 1)) == 1  # one is enough
+    assert policy.cost_factors[1] == pytest.approx(0.5) and policy.plan(step_of(1, 1)) == 1  # one is enough
     policy = trained()
     for _ in range(20):
         policy.observe_step_seconds(1, 0, 1, 1.0)
@@ -223,72 +224,43 @@ def test_step_wall_times_correct_the_table_price_of_drafting():
     policy = trained(learn_costs=False)
     for _ in range(8):
         policy.observe_step_seconds(1, 1, 2, 0.95)
-    assert policy.cost_factors == [1.0, 1.0] and policy.draft_length(step_of(1, 1)) == 0
+    assert policy.cost_factors == [1.0, 1.0] and policy.plan(step_of(1, 1)) == 0
 
 
-def test_generate_reports_each_planned_step_to_the_policy(qwen3_target: TargetModel):
-    """`speculative_step` tells a planning policy the rows, draft length, verify width and wall time of every
-    step; steps that skipped the draft forward report g = 0 and width 1."""
-    reports = []
-    policy = alternating_policy()
-    policy.observe_step_seconds = lambda *args: reports.append(args)
-    drafter = dspark_with_random_confidence(qwen3_target, conf_scale=0.5)
-    generate(qwen3_target, drafter, GREEDY_PROMPTS, GenerationConfig(max_new_tokens=8, num_drafts=3), policy=policy)
-    assert reports and all(r == len(GREEDY_PROMPTS) or r >= 1 for r, _, _, _ in reports)
-    assert {g for _, g, _, _ in reports} >= {0, 3}
-    assert all(w == 1 for _, g, w, _ in reports if g == 0) and all(1 <= w <= g + 1 for _, g, w, _ in reports)
-    assert all(s > 0 for *_, s in reports)
-
-
-def test_reported_step_times_leave_out_the_hand_over_of_parked_positions(qwen3_target: TargetModel, monkeypatch):
-    """The first drafting step after plain steps first hands the parked positions to the drafter; that deferred
-    observe is the plain steps' cost, so the time reported for the drafting step leaves it out (else drafting
-    would look dearer the rarer it is). A hand-over made to take 0.3 s shows up in the wall time only."""
-    import time
-
-    from dspark_core import generate as generation
-
-    real = generation.hand_over_pending
-    slow_hand_overs = []
-
-    def slow(drafter, state, rows):
-        if state.pending is not None and bool((state.pending.count[rows] > 0).any()):
-            time.sleep(0.3)
-            slow_hand_overs.append(1)
-        real(drafter, state, rows)
-
-    monkeypatch.setattr(generation, "hand_over_pending", slow)
-    reports = []
-    policy = alternating_policy()
-    policy.observe_step_seconds = lambda *args: reports.append(args)
-    drafter = dspark_with_random_confidence(qwen3_target, conf_scale=0.5)
-    generate(qwen3_target, drafter, GREEDY_PROMPTS, GenerationConfig(max_new_tokens=8, num_drafts=3), policy=policy)
-    assert slow_hand_overs, "no drafting step followed a plain one"
-    assert all(seconds < 0.3 for *_, seconds in reports)
+def test_observe_feeds_outcomes_of_drafting_steps_and_timed_seconds():
+    """`observe` (the protocol's one entry) counts a step's outcomes only if it drafted, and learns its price only
+    if the loop timed it: `generate` passes None, the engine its clock's seconds."""
+    policy = CostAwareScheduler(PAYS_WHEN_IDLE, window=1e12)
+    policy.observe(StepOutcome([[5], [6]], [0, 0], [0, 0], None, draft_length=0, width=1), None)
+    assert policy.trials == [] and policy.cost_factors == [1.0, 1.0]
+    policy.observe(StepOutcome([[5, 6], [7]], [2, 1], [1, 0], None, draft_length=2, width=3), None)
+    assert policy.trials == pytest.approx([2.0, 1.0]) and policy.accepts == pytest.approx([1.0, 0.0])
+    policy.observe(StepOutcome([[5]], [0], [0], None, draft_length=0, width=1), 2.0)  # table: 1.0 for R = 1
+    assert policy.cost_factors == pytest.approx([2.0, 1.0])
 
 
 def test_exploration_plans_optimistically_every_explore_every_steps():
     policy = CostAwareScheduler(BORDERLINE, window=1e12, explore_every=4, cold_explorations=0)
-    assert policy.draft_length(step_of(2, 3)) == 3  # nothing observed: optimistic
+    assert policy.plan(step_of(2, 3)) == 3  # nothing observed: optimistic
     outcomes(policy, [3, 3], [1, 0])
     assert policy.acceptance_rates(3) == pytest.approx([0.5, 1 / 3, 1 / 3])  # (1 + 1)/4, (0 + 1)/3, (0 + 2/3)/2
     assert policy.acceptance_rates(3, optimistic=True) == pytest.approx([1.9 / 3, 0.45, 0.9])
-    assert [policy.draft_length(step_of(2, 3)) for _ in range(8)] == [0, 0, 0, 3, 0, 0, 0, 3]
+    assert [policy.plan(step_of(2, 3)) for _ in range(8)] == [0, 0, 0, 3, 0, 0, 0, 3]
     cold = CostAwareScheduler(BORDERLINE, window=1e12, explore_every=100)  # default: also on plans 1, 2, 4, 8
-    cold.draft_length(step_of(2, 3))
+    cold.plan(step_of(2, 3))
     outcomes(cold, [3, 3], [1, 0])
-    assert [cold.draft_length(step_of(2, 3)) > 0 for _ in range(1, 17)] == [n in (1, 2, 4, 8) for n in range(1, 17)]
+    assert [cold.plan(step_of(2, 3)) > 0 for _ in range(1, 17)] == [n in (1, 2, 4, 8) for n in range(1, 17)]
     # Once the trials have shown what drafting gives, even the optimistic plan is a tie: no more trials.
     settled = CostAwareScheduler(BORDERLINE, window=1e12, explore_every=2, cold_explorations=0)
-    settled.draft_length(step_of(8, 3))
+    settled.plan(step_of(8, 3))
     outcomes(settled, [3] * 8, [1, 1, 1, 1, 0, 0, 0, 0])  # optimistic best: 0.9661 per request, 0.5% over plain
-    assert [settled.draft_length(step_of(8, 3)) for _ in range(6)] == [0] * 6
+    assert [settled.plan(step_of(8, 3)) for _ in range(6)] == [0] * 6
 
 
 def test_outcome_counts_decay_by_step():
     policy = CostAwareScheduler(PAYS_WHEN_IDLE, window=2)
     outcomes(policy, [2, 0], [2, 0])  # a row verifying nothing reaches no position
-    policy.draft_length(step_of(2, 3))  # a step later: counts halve
+    policy.plan(step_of(2, 3))  # a step later: counts halve
     outcomes(policy, [1, 3], [0, 1])
     # Position 1: 0.5·1 + 2 = 2.5 reached, 0.5·1 + 1 = 1.5 accepted; position 2: 0.5 + 1, 0.5 + 0; position 3
     # was verified but never reached (draft 2 was rejected first).
@@ -318,35 +290,37 @@ FILL_COSTS = table((1,), verify=[[1.0, 1.5, 2.0, 2.5]], draft=[[0.5, 0.5, 0.5]])
 )
 def test_fill_admits_layers_until_the_first_drop(conf, width):
     policy = CostAwareScheduler(FILL_COSTS, early_stop=True)
-    assert policy(proposal_of([conf]), step_of(1, 3)).tolist() == [width]
-    assert CostAwareScheduler(FILL_COSTS)(proposal_of([conf]), step_of(1, 3)).tolist() == [3]  # default: all
+    assert policy.choose(proposal_of([conf]), step_of(1, 3)).tolist() == [width]
+    assert CostAwareScheduler(FILL_COSTS).choose(proposal_of([conf]), step_of(1, 3)).tolist() == [3]  # default: all
 
 
 def test_fill_is_common_to_the_batch_and_respects_num_valid():
     policy = CostAwareScheduler(table((2,), verify=[[1.0, 1.0, 1.0]], draft=[[0.1, 0.1]]), early_stop=True)
     # Verify costs the same at every width: both layers are admitted for both rows, capped by num_valid.
-    assert policy(proposal_of([[0.9, 0.9], [0.1, 0.1]], num_valid=[2, 1]), step_of(2, 2)).tolist() == [2, 1]
+    assert policy.choose(proposal_of([[0.9, 0.9], [0.1, 0.1]], num_valid=[2, 1]), step_of(2, 2)).tolist() == [2, 1]
     no_confidence = DraftProposal(torch.zeros(2, 2, dtype=torch.long), None, None, torch.tensor([2, 0]))
-    assert policy(no_confidence, step_of(2, 2)).tolist() == [2, 0]  # nothing to schedule on: verify all drafted
+    assert policy.choose(no_confidence, step_of(2, 2)).tolist() == [2, 0]  # nothing to schedule on: verify all drafted
 
 
-class PlanSpy:
+class PlanSpy(VerifyAll):
     """Wraps a policy and records each plan and each fill (with the γ of the proposal it got) in `events`."""
+
+    may_skip_drafts = True
 
     def __init__(self, policy, events: list):
         self.policy, self.events = policy, events
 
-    def draft_length(self, step):
-        g = self.policy.draft_length(step)
+    def plan(self, step):
+        g = self.policy.plan(step)
         self.events.append(("plan", g))
         return g
 
-    def observe_outcomes(self, num_verified, num_accepted):
-        self.policy.observe_outcomes(num_verified, num_accepted)
-
-    def __call__(self, proposal, step):
+    def choose(self, proposal, step):
         self.events.append(("fill", proposal.token_ids.shape[1]))
-        return self.policy(proposal, step)
+        return self.policy.choose(proposal, step)
+
+    def observe(self, outcome, seconds):
+        self.policy.observe(outcome, seconds)
 
 
 class ProposeSpy:
@@ -424,8 +398,8 @@ class Alternating(CostAwareScheduler):
     """Test double: the real fill and outcome counts, but a plan that drafts γ on odd steps and nothing on
     even ones, so every other step skips the draft forward whatever the acceptance."""
 
-    def draft_length(self, step: DraftStep) -> int:
-        super().draft_length(step)
+    def plan(self, step: DraftStep) -> int:
+        super().plan(step)
         return step.num_drafts if self.num_plans % 2 == 1 else 0
 
 
@@ -460,8 +434,8 @@ def test_greedy_output_equals_plain_decoding_with_skipped_drafts(qwen3_target: T
 class EveryFourth(CostAwareScheduler):
     """Test double: drafts γ on steps 1, 5, 9, …, nothing in between (three plain steps in a row)."""
 
-    def draft_length(self, step: DraftStep) -> int:
-        super().draft_length(step)
+    def plan(self, step: DraftStep) -> int:
+        super().plan(step)
         return step.num_drafts if self.num_plans % 4 == 1 else 0
 
 
@@ -476,25 +450,28 @@ def recording_drafter(target: TargetModel):
     return drafter, calls
 
 
-@pytest.mark.parametrize("max_pending", [64, 2], ids=["batched", "buffer-full"])
+@pytest.mark.parametrize("max_parked", [None, 2], ids=["batched", "buffer-full"])
 def test_the_drafter_observes_held_back_positions_before_it_drafts(qwen3_target: TargetModel, monkeypatch,
-                                                                    max_pending: int):
+                                                                    max_parked: int | None):
     """Steps without drafts hold the new positions back; the next draft step hands them over in one batched
-    observe (or earlier, when a slot's buffer is full), so the drafter's context is complete whenever it
-    drafts (DSpark checks) and greedy outputs stay plain decoding."""
-    import dspark_core.generate as generate_module
+    observe (or earlier, when a slot's buffer is full: two positions here, so the prompts go over at once),
+    so the drafter's context is complete whenever it drafts (DSpark checks) and greedy outputs stay plain
+    decoding."""
+    import dspark_core.drafters.deferred as deferred
 
-    monkeypatch.setattr(generate_module, "MAX_PENDING", max_pending)
     config = GenerationConfig(max_new_tokens=20, num_drafts=3)
     plain = [r.output_ids for r in generate(qwen3_target, NoDrafter(), GREEDY_PROMPTS, config)]
     drafter, calls = recording_drafter(qwen3_target)
+    if max_parked is not None:  # the bound is in bytes of target features: two positions' worth
+        position_bytes = len(drafter.target_layer_ids) * qwen3_target.hidden_size * 4
+        monkeypatch.setattr(deferred, "MAX_PARKED_BYTES", max_parked * position_bytes)
     results = generate(qwen3_target, drafter, GREEDY_PROMPTS, config, policy=EveryFourth(PAYS_WHEN_IDLE))
     assert [r.output_ids for r in results] == plain
     proposes = [i for i, c in enumerate(calls) if c[0] == "propose"]
     assert len(proposes) >= 3
     # Between two draft steps: the observe of the first one's outcome, then the three held-back positions.
     handed_over = [calls[i - 1] for i in proposes[1:]]
-    if max_pending == 64:
+    if max_parked is None:
         assert all(c[0] == "observe" and set(c[1]) == {3} for c in handed_over), handed_over
     else:  # two positions go over when the buffer fills, the third just before the draft
         assert all(c[0] == "observe" and set(c[1]) == {1} for c in handed_over), handed_over
@@ -505,8 +482,8 @@ def test_the_drafter_observes_held_back_positions_before_it_drafts(qwen3_target:
 class NeverDrafts(CostAwareScheduler):
     """Test double: plans no draft, ever (a load where drafting never pays)."""
 
-    def draft_length(self, step: DraftStep) -> int:
-        super().draft_length(step)
+    def plan(self, step: DraftStep) -> int:
+        super().plan(step)
         return 0
 
 

@@ -27,6 +27,7 @@ from dspark_core.distributions import draw_uniforms
 from dspark_core.drafters import DraftProposal, DraftStep, NoDrafter, as_drafter, build_draft_model, draft_config_for
 from dspark_core.drafters.base import StatelessDrafter
 from dspark_core.generate import GenerationConfig, generate
+from dspark_core.policy import VerifyAll
 from dspark_core.kv_slots import KVSlots
 from dspark_core.scheduler import (
     AsyncBudgetScheduler,
@@ -229,7 +230,7 @@ def test_algorithm1_by_hand():
     assert theta.tolist() == pytest.approx([200, 290, 362, 337.6, 366.4, 244, 257.5])
     assert rank.tolist() == [[0, 1, 3], [2, 4, 5]]
     assert schedule_prefix(survival_of(CONF), STAIRS).tolist() == [2, 0]
-    assert PrefixScheduler(STAIRS)(proposal_of(CONF), None).tolist() == [2, 0]
+    assert PrefixScheduler(STAIRS).choose(proposal_of(CONF), None).tolist() == [2, 0]
     # Looking past the drop would find Θ 366.4 at 4 admitted: (0, 3) and (1, 1) too. Algorithm 1 must not.
     assert int(theta.argmax()) == 4 and admit_top(rank, survival_of(CONF), 4).tolist() == [3, 1]
 
@@ -249,12 +250,12 @@ def test_idle_gpu_verifies_everything_busy_gpu_little():
 
 def test_no_draft_never_admitted_and_ties_keep_prefixes():
     flat = SPSTable.from_points([(64, 100.0)])
-    assert PrefixScheduler(flat)(proposal_of(CONF, num_valid=[1, 0]), None).tolist() == [1, 0]
+    assert PrefixScheduler(flat).choose(proposal_of(CONF, num_valid=[1, 0]), None).tolist() == [1, 0]
     # σ(50) is exactly 1.0 in float64: every candidate ties. SPS 100 up to B = 5, then 10: three admitted,
     # and ties go to the earlier position first, then the lower row: (0,1), (1,1), (0,2).
     ties = DraftProposal(torch.zeros(2, 3, dtype=torch.long), None, torch.full((2, 3), 50.0, dtype=torch.float64))
     cliff = SPSTable.from_points([(5, 100.0), (6, 10.0)])
-    assert PrefixScheduler(cliff)(ties, None).tolist() == [2, 1]
+    assert PrefixScheduler(cliff).choose(ties, None).tolist() == [2, 1]
     # admit_top counts a run from j = 1, whatever mask it is handed.
     rank = torch.tensor([[0, 5, 1], [2, 3, 4]])
     assert admit_top(rank, torch.ones(2, 3), 3).tolist() == [1, 1]
@@ -297,27 +298,27 @@ def test_algorithm1_matches_the_sequential_reference():
 
 def test_threshold_policy():
     conf = [[0.9, 0.4, 0.95], [0.6, 0.7, 0.2]]
-    assert ConfidenceThreshold(0.5)(proposal_of(conf), None).tolist() == [1, 2]
-    assert ConfidenceThreshold(0.65)(proposal_of(conf), None).tolist() == [1, 0]
+    assert ConfidenceThreshold(0.5).choose(proposal_of(conf), None).tolist() == [1, 2]
+    assert ConfidenceThreshold(0.65).choose(proposal_of(conf), None).tolist() == [1, 0]
     # T_1 = 0.5 sharpens position 1: σ(logit(0.6) / 0.5) = 0.69 ≥ 0.65, and row 1 goes on to position 2.
     temps = torch.tensor([0.5, 1.0, 1.0])
-    assert ConfidenceThreshold(0.65, temperatures=temps)(proposal_of(conf), None).tolist() == [1, 2]
-    assert ConfidenceThreshold(0.0)(proposal_of(conf, num_valid=[3, 1]), None).tolist() == [3, 1]
+    assert ConfidenceThreshold(0.65, temperatures=temps).choose(proposal_of(conf), None).tolist() == [1, 2]
+    assert ConfidenceThreshold(0.0).choose(proposal_of(conf, num_valid=[3, 1]), None).tolist() == [3, 1]
     with pytest.raises(ValueError, match="not both"):
         ConfidenceThreshold(0.5, temperatures=temps, calibrator=OnlineCalibrator(3))
     with pytest.raises(ValueError, match="3 temperatures for γ=4"):
-        ConfidenceThreshold(0.5, temperatures=temps)(proposal_of([[0.5] * 4]), None)
+        ConfidenceThreshold(0.5, temperatures=temps).choose(proposal_of([[0.5] * 4]), None)
     no_conf = DraftProposal(torch.zeros(1, 3, dtype=torch.long), None, None)
     with pytest.raises(ValueError, match="needs confidences"):
-        PrefixScheduler(STAIRS)(no_conf, None)
+        PrefixScheduler(STAIRS).choose(no_conf, None)
 
 
 def test_static_policy():
     proposal = proposal_of([[0.5] * 4] * 3, num_valid=[1, 4, 3])
-    assert StaticLength(2)(proposal, None).tolist() == [1, 2, 2]
-    assert StaticLength(9)(proposal_of([[0.5] * 4]), None).tolist() == [4]
+    assert StaticLength(2).choose(proposal, None).tolist() == [1, 2, 2]
+    assert StaticLength(9).choose(proposal_of([[0.5] * 4]), None).tolist() == [4]
     no_conf = DraftProposal(torch.zeros(2, 3, dtype=torch.long), None, None)
-    assert StaticLength(0)(no_conf, None).tolist() == [0, 0]
+    assert StaticLength(0).choose(no_conf, None).tolist() == [0, 0]
 
 
 def test_calibrated_confidences():
@@ -334,11 +335,11 @@ def test_calibrated_confidences():
     table = step_sps_table(16, 1, base_latency_s=0.010, tile_latency_s=0.0008)  # +0.8 ms per token
     proposal = DraftProposal(torch.zeros(4, 3, dtype=torch.long), None, torch.randn(4, 3, generator=gen) * 2 + 3)
     for policy_of in (lambda **kw: PrefixScheduler(table, **kw), lambda **kw: ConfidenceThreshold(0.9, **kw)):
-        online = policy_of(calibrator=calibrator)(proposal, None)
-        assert torch.equal(online, policy_of(temperatures=calibrator.temperatures)(proposal, None))
-        assert not torch.equal(online, policy_of()(proposal, None))
+        online = policy_of(calibrator=calibrator).choose(proposal, None)
+        assert torch.equal(online, policy_of(temperatures=calibrator.temperatures).choose(proposal, None))
+        assert not torch.equal(online, policy_of().choose(proposal, None))
     with pytest.raises(ValueError, match="calibrator is for γ=3"):
-        PrefixScheduler(table, calibrator=calibrator)(proposal_of([[0.5] * 4]), None)
+        PrefixScheduler(table, calibrator=calibrator).choose(proposal_of([[0.5] * 4]), None)
 
 
 def test_async_budget_uses_the_plan_of_two_steps_back():
@@ -348,16 +349,16 @@ def test_async_budget_uses_the_plan_of_two_steps_back():
     plans = [int(schedule_prefix(survival_of(c), table).sum()) for c in steps]
     assert plans == [2, 2, 0, 2, 2]
     policy = AsyncBudgetScheduler(table)
-    got = [policy(proposal_of(c), None).tolist() for c in steps]
+    got = [policy.choose(proposal_of(c), None).tolist() for c in steps]
     # Steps 1–2: no plan two steps back yet, so Algorithm 1 itself. Step 3: budget 2 (planned at step 1)
     # filled by the most confident of `low`: position 1 of both rows, where Algorithm 1 would verify none.
     # Step 5: budget 0 (planned at step 3), where Algorithm 1 would verify (1, 1).
     assert got == [[2, 0], [1, 1], [1, 1], [2, 0], [0, 0]]
     assert policy.planned_budgets == (2, 2)
     policy.reset()
-    assert policy(proposal_of(low), None).tolist() == [0, 0]
-    assert AsyncBudgetScheduler(table, initial_budget=3)(proposal_of(CONF), None).tolist() == [2, 1]
-    assert AsyncBudgetScheduler(table, delay=0)(proposal_of(high), None).tolist() == [1, 1]
+    assert policy.choose(proposal_of(low), None).tolist() == [0, 0]
+    assert AsyncBudgetScheduler(table, initial_budget=3).choose(proposal_of(CONF), None).tolist() == [2, 1]
+    assert AsyncBudgetScheduler(table, delay=0).choose(proposal_of(high), None).tolist() == [1, 1]
 
 
 # ============================================================================ c. losslessness through generate
@@ -487,11 +488,12 @@ class ConstantTarget:
     def new_cache(self, num_slots: int, capacity: int) -> KVSlots:
         return KVSlots.allocate(1, num_slots, 1, capacity, 1, torch.float32, "cpu")
 
-    def forward(self, cache: KVSlots, rows, token_ids, num_new) -> TargetOutput:
+    def forward(self, cache: KVSlots, rows, token_ids, num_new, *, logits_at=None) -> TargetOutput:
         num_rows, width = token_ids.shape
         kv = torch.zeros(num_rows, 1, width, 1)
         cache.append(rows, [(kv, kv)], num_new)
-        return TargetOutput(self.logits.expand(num_rows, width, -1).clone(), torch.zeros(num_rows, width, 0))
+        num_logits = width if logits_at is None else logits_at.shape[1]
+        return TargetOutput(self.logits.expand(num_rows, num_logits, -1).clone(), torch.zeros(num_rows, width, 0))
 
 
 A, B = 0, 1
@@ -529,17 +531,17 @@ class NoEarlyStop(PrefixScheduler):
         return theta.argmax()
 
 
-class OneRequestAtATime:
+class OneRequestAtATime(VerifyAll):
     """Schedules every request as if it were alone (R = 1), the paper's single-request setting. A request's
     decision depends only on its confidences, so each distinct row is scheduled once and shared."""
 
     def __init__(self, scheduler: PrefixScheduler) -> None:
         self.scheduler = scheduler
 
-    def __call__(self, proposal: DraftProposal, step: DraftStep) -> torch.Tensor:
+    def choose(self, proposal: DraftProposal, step: DraftStep) -> torch.Tensor:
         rows, inverse = torch.unique(proposal.confidence_logits, dim=0, return_inverse=True)
         alone = [
-            self.scheduler(DraftProposal(proposal.token_ids[:1], None, row[None]), step)[0] for row in rows
+            self.scheduler.choose(DraftProposal(proposal.token_ids[:1], None, row[None]), step)[0] for row in rows
         ]
         return torch.stack(alone)[inverse]
 
@@ -551,7 +553,7 @@ COUNTER_TABLE = SPSTable.from_points([(1, 100.0), (2, 60.0), (3, 55.0)])
 
 def test_counter_example_decisions():
     def lengths(scheduler, c1, c2):
-        return int(scheduler(proposal_of([[c1, c2]]), None)[0])
+        return int(scheduler.choose(proposal_of([[c1, c2]]), None)[0])
 
     real, wrong = PrefixScheduler(COUNTER_TABLE), NoEarlyStop(COUNTER_TABLE)
     # Algorithm 1: x_1 is verified iff c_1 is high, whatever x_1 is; x_2 then iff x_1 = A (allowed: j > 1).
