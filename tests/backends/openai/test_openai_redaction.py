@@ -76,6 +76,7 @@ def test_an_echoed_key_reaches_no_row_and_no_export(echoing_server, tmp_path, mo
 name: leak
 include: [{REPO / 'suites' / 'common.yaml'}]
 defaults: {{backend: openai, seed: 0, warmup: 0, repeats: 2, policy: full}}
+gates: {{speedup: {{test: threshold}}}}  # 2 rounds: common.yaml's rank test needs 4
 tasks:
   gsm8k: {{n_samples: 2, max_new_tokens: 4}}
 matrix:
@@ -98,7 +99,7 @@ backend_options:
         exported = export_run(store, outcome.run_id, tmp_path / "run.json").read_text()
     finally:
         store.close()
-    assert len(cells) == 2  # two rounds (common.yaml's speedup gate needs them), both failed
+    assert len(cells) == 2  # two rounds, both failed
     for error, log, provenance in cells:
         assert "every request failed" in error and MASK in error and KEY not in error, error
         assert KEY not in (log or "") and KEY not in json.dumps(provenance, default=str)

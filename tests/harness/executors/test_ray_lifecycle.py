@@ -64,10 +64,10 @@ def test_interrupt_cancels_the_rest_shuts_down_ray_and_resume_finishes(tmp_path,
     local.backends["inhouse"] = Empty()  # resume's bookkeeping is the point here, not the model
     resumed = run_suite(CI, db_path=db, only=ONLY, repeats=2, resume=outcome.run_id, display=PlainDisplay(io.StringIO()),
                         executor=local)
-    assert resumed.exit_code == 0 and len(resumed.outcomes) == 4
+    assert resumed.exit_code == 0 and len(resumed.outcomes) == 6  # 2 rounds × (plain, speculative, closing plain)
     with Store.open(db, read_only=True) as store:
         assert store.run(outcome.run_id)["status"] == "finished"
-        assert sorted(store.cell_status(outcome.run_id).values()) == ["ok"] * 4
+        assert sorted(store.cell_status(outcome.run_id).values()) == ["ok"] * 6
         assert store.query("SELECT count(*) FROM superseded_cells")[1] == [(1,)]
 
 
@@ -89,9 +89,9 @@ def test_sigterm_on_the_cli_then_resume_on_ray(tmp_path, data_env):
     assert any(f"--resume {run_id}" in line for line in lines)
     with Store.open(db, read_only=True) as store:
         assert store.run(run_id)["status"] == "interrupted"
-        assert 1 <= len(store.cell_status(run_id)) < 4
+        assert 1 <= len(store.cell_status(run_id)) < 6
     done = subprocess.run(argv + ["--resume", run_id], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     with Store.open(db, read_only=True) as store:
-        assert sorted(store.cell_status(run_id).values()) == ["ok"] * 4
+        assert sorted(store.cell_status(run_id).values()) == ["ok"] * 6  # 2 rounds × (plain, speculative, closing plain)
         assert store.run(run_id)["status"] == "finished"

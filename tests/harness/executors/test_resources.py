@@ -80,11 +80,13 @@ def test_costs_are_recorded_summed_and_estimated_from_history(tmp_path, data_env
     assert "estimated cost" not in out.getvalue()  # no store yet, no history
     summary = io.StringIO()
     outcome = run_suite(suite, db_path=db, only=ONLY, repeats=2, display=PlainDisplay(summary), executor=Canned(3.0))
-    assert (outcome.gpu_seconds, outcome.cpu_seconds) == (12.0, 24.0)  # 4 cells × 3 s × 1 GPU / 2 CPUs
-    assert "cost: 12.0 GPU-seconds, 24.0 CPU-seconds" in summary.getvalue()
+    # 6 passes (2 rounds × plain, speculative, closing plain) × 3 s × 1 GPU / 2 CPUs
+    assert (outcome.gpu_seconds, outcome.cpu_seconds) == (18.0, 36.0)
+    assert "cost: 18.0 GPU-seconds, 36.0 CPU-seconds" in summary.getvalue()
     with Store.open(db, read_only=True) as store:
         _, rows = store.query("SELECT repeats, num_gpus, num_cpus, gpu_seconds, cpu_seconds, run_gpu_seconds FROM v_costs")
-        assert rows == [(2, 1.0, 2.0, 6.0, 12.0, 12.0)] * 2
+        # the speculative cell's 2 rounds, the plain cell's 2 rounds and 2 closing passes (repeats 2 + r)
+        assert sorted(rows) == [(2, 1.0, 2.0, 6.0, 12.0, 18.0), (4, 1.0, 2.0, 12.0, 24.0, 18.0)]
         assert store.cell(outcome.run_id, outcome.outcomes[0].cell.cell_id, 0)["resources"] == \
             '{"num_cpus":2.0,"num_gpus":1.0}'
 
@@ -115,7 +117,7 @@ def test_local_executor_stamps_the_suite_resources(tmp_path, data_env):
                         executor=executor)
     with Store.open(tmp_path / "h.duckdb", read_only=True) as store:
         _, rows = store.query("SELECT resources, gpu_seconds, cpu_seconds >= 0 FROM cells WHERE run_id = ?", [outcome.run_id])
-    assert rows == [('{"num_cpus":2.0,"num_gpus":0.0}', 0.0, True)] * 2
+    assert rows == [('{"num_cpus":2.0,"num_gpus":0.0}', 0.0, True)] * 3  # plain, speculative, closing plain
 
 
 def test_run_command_executor_options(tmp_path, monkeypatch, capsys):
