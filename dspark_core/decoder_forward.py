@@ -5,8 +5,9 @@ through decorators, updates a cache object, records hidden states through output
 path converts a boolean mask to an additive one in every layer. At SmolLM2-135M's shape (30 layers,
 hidden 576) that overhead was a third of a batch-1 step. This forward runs the model's own submodules
 (the same norms, projections, rotary embedding and MLP, so the numbers are Hugging Face's) in one plain
-loop: one additive mask per forward, the new keys/values written once into the slots (`SlotWindow`),
-features taken from the chosen layers' outputs, and logits only where asked.
+loop: q/k/v and gate/up as one matmul each (`fuse_projections`, bit-identical), fp32 RMSNorm as one
+op, q and k rotated together, one additive mask per forward, the new keys/values written once into the
+slots (`SlotWindow`), features taken from the chosen layers' outputs, and logits only where asked.
 
 `supports(model)` says whether a model has that shape; `TargetModel` keeps Hugging Face's own forward
 for everything else (other architectures, eager or varlen attention, sliding windows).
@@ -15,7 +16,7 @@ for everything else (other architectures, eager or varlen attention, sliding win
 from __future__ import annotations
 
 import sys
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,7 @@ from dspark_core.kv_slots import SlotWindow
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 _LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
 _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP_PARTS = ("gate_proj", "up_proj", "down_proj")
 
 
 def supports(model: nn.Module) -> bool:
@@ -52,6 +54,8 @@ def supports(model: nn.Module) -> bool:
             return False
         if not all(hasattr(layer.self_attn, p) for p in _ATTN_PARTS + ("scaling", "head_dim")):
             return False
+        if not all(isinstance(getattr(layer.mlp, p, None), nn.Linear) for p in _MLP_PARTS) or not hasattr(layer.mlp, "act_fn"):
+            return False
     return _rotary_of(base.layers[0].self_attn) is not None
 
 
@@ -75,9 +79,73 @@ def additive_mask(window: SlotWindow, dtype: torch.dtype) -> Tensor:
     return mask[:, None]
 
 
+class FusedLayer(NamedTuple):
+    """One layer's projections as two matmuls instead of five: q, k, v stacked, and gate, up stacked."""
+
+    qkv_weight: Tensor  # [(heads + 2 kv_heads) · head_dim, hidden]
+    qkv_bias: Tensor | None
+    gate_up_weight: Tensor  # [2 · intermediate, hidden]
+    gate_up_bias: Tensor | None
+
+
+def fuse_projections(model: nn.Module) -> list[FusedLayer]:
+    """Stack each layer's q/k/v and gate/up weights, and make the modules' own weights views of the stacks.
+
+    A matmul's output column depends only on its weight row (MKL's kernels give bit-identical columns
+    for one stacked matmul and for the separate ones; `tests/dspark_core/test_decoder_forward.py` checks
+    the whole forward), so this changes no number, and as views the stacks cost no memory and stay
+    what Hugging Face's own forward reads. Called again when the weights moved (`fused_for`)."""
+    fused = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        fused.append(FusedLayer(*_stack([attn.q_proj, attn.k_proj, attn.v_proj]), *_stack([mlp.gate_proj, mlp.up_proj])))
+    return fused
+
+
+def _stack(linears: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
+    weight = torch.cat([m.weight.detach() for m in linears])
+    has_bias = [m.bias is not None for m in linears]
+    bias = torch.cat([m.bias.detach() for m in linears]) if all(has_bias) else None
+    if any(has_bias) and bias is None:
+        raise ValueError("some projections have a bias and some not")
+    start = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight.data = weight[start : start + n]
+        if bias is not None:
+            m.bias.data = bias[start : start + n]
+        start += n
+    return weight, bias
+
+
+def fused_for(model: nn.Module, fused: list[FusedLayer] | None) -> list[FusedLayer]:
+    """`fused` if the modules' weights are still views of it, else freshly stacked (after `model.to(…)`)."""
+    if fused is not None:
+        q = model.model.layers[0].self_attn.q_proj.weight
+        if q.data_ptr() == fused[0].qkv_weight.data_ptr() and q.dtype == fused[0].qkv_weight.dtype:
+            return fused
+    return fuse_projections(model)
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """`apply_rotary_pos_emb` of the Llama family for one tensor [R, heads, n, head_dim], op for op."""
+    half = x.shape[-1] // 2
+    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+
+
+def _rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
+    """A Llama-family RMSNorm: in fp32 one fused op (`torch.rms_norm`, bit-identical to Hugging Face's
+    x · rsqrt(mean(x²) + ε) · w there); in other dtypes the module itself (it computes in fp32 and rounds)."""
+    eps = getattr(norm, "variance_epsilon", None)
+    if x.dtype != torch.float32 or eps is None or norm.weight.dtype != torch.float32:
+        return norm(x)
+    return torch.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+
+
 @torch.no_grad()
 def decoder_forward(
     model: nn.Module,
+    fused: list[FusedLayer],
     window: SlotWindow,
     token_ids: Tensor,  # [R, max_new]
     layer_ids: Sequence[int],
@@ -87,31 +155,36 @@ def decoder_forward(
     base = model.model
     num_rows, max_new = token_ids.shape
     hidden = base.embed_tokens(token_ids)
-    cos, sin = base.rotary_emb(hidden, window.positions)
+    cos, sin = base.rotary_emb(hidden, window.positions)  # Hugging Face's own: the same numbers
     mask = additive_mask(window, hidden.dtype)
-    rotary = _rotary_of(base.layers[0].self_attn)
+    first = base.layers[0].self_attn
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [R, 1, max_new, head_dim], over the heads
+    heads, head_dim = first.q_proj.weight.shape[0] // first.head_dim, first.head_dim
+    kv_heads = first.k_proj.weight.shape[0] // head_dim
+    per_head_norm = hasattr(first, "q_norm")  # Qwen3: RMSNorm per head on q and k, before the rotary
     wanted = set(layer_ids)
     features = [hidden] if -1 in wanted else []
-    for index, layer in enumerate(base.layers):
+    for index, (layer, f) in enumerate(zip(base.layers, fused)):
         attn = layer.self_attn
-        residual = hidden
-        x = layer.input_layernorm(hidden)
-        shape = (num_rows, max_new, -1, attn.head_dim)
-        q = attn.q_proj(x).view(shape)
-        k = attn.k_proj(x).view(shape)
-        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm per head, before the transpose
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        v = attn.v_proj(x).view(shape).transpose(1, 2)
-        keys, values = window.write(index, k, v)
+        x = _rms_norm(layer.input_layernorm, hidden)
+        qkv = F.linear(x, f.qkv_weight, f.qkv_bias).view(num_rows, max_new, heads + 2 * kv_heads, head_dim)
+        if per_head_norm:
+            q = _rope(_rms_norm(attn.q_norm, qkv[:, :, :heads]).transpose(1, 2), cos, sin)
+            k = _rope(_rms_norm(attn.k_norm, qkv[:, :, heads : heads + kv_heads]).transpose(1, 2), cos, sin)
+        else:  # q and k rotated as one tensor: the same elementwise numbers, half the small ops
+            qk = _rope(qkv[:, :, : heads + kv_heads].transpose(1, 2), cos, sin)
+            q, k = qk[:, :heads], qk[:, heads:]
+        keys, values = window.write(index, k, qkv[:, :, heads + kv_heads :].transpose(1, 2))
         out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=keys.shape[1] != q.shape[1]
+            q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=kv_heads != heads
         )
-        hidden = residual + attn.o_proj(out.transpose(1, 2).reshape(num_rows, max_new, -1))
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(num_rows, max_new, -1))
+        mlp = layer.mlp
+        gate, up = F.linear(_rms_norm(layer.post_attention_layernorm, hidden), f.gate_up_weight, f.gate_up_bias).chunk(2, -1)
+        hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
         if index in wanted:
             features.append(hidden)
-    hidden = base.norm(hidden)
+    hidden = _rms_norm(base.norm, hidden)
     if logits_at is not None:
         hidden = hidden[:, logits_at]
     logits = model.lm_head(hidden)

@@ -79,6 +79,7 @@ class TargetModel:
         # Llama-family models on SDPA run `decoder_forward` (the same submodules without Hugging Face's per-layer
         # plumbing, new keys/values written once behind each row); anything else runs Hugging Face's forward.
         self.lean: bool = not self.varlen_attention and lean_forward.supports(self.model)
+        self._fused: list[lean_forward.FusedLayer] | None = None  # built at the first lean forward
 
     @classmethod
     def from_pretrained(
@@ -149,7 +150,8 @@ class TargetModel:
             keep, inverse = torch.unique(logits_at, return_inverse=True)  # [U] positions, [num_rows, k] → U
         if self.lean:
             window = cache.window(rows, num_new, token_ids.shape[1])
-            logits, features = decoder_forward(self.model, window, token_ids, self.layer_ids, keep)
+            self._fused = lean_forward.fused_for(self.model, self._fused)
+            logits, features = decoder_forward(self.model, self._fused, window, token_ids, self.layer_ids, keep)
             window.close()
         else:
             logits, features = self._hf_forward(cache, rows, token_ids, num_new, keep)
