@@ -79,7 +79,8 @@ class TargetModel:
         # Llama-family models on SDPA run `decoder_forward` (the same submodules without Hugging Face's per-layer
         # plumbing, new keys/values written once behind each row); anything else runs Hugging Face's forward.
         self.lean: bool = not self.varlen_attention and lean_forward.supports(self.model)
-        self._fused: list[lean_forward.FusedLayer] | None = None  # built at the first lean forward
+        self._fused: lean_forward.Fused | None = None  # built at the first lean forward
+        self.pack_lm_head: bool = True  # oneDNN's prepacked LM head where it pays (decoder_forward.packed_head)
 
     @classmethod
     def from_pretrained(
@@ -150,7 +151,7 @@ class TargetModel:
             keep, inverse = torch.unique(logits_at, return_inverse=True)  # [U] positions, [num_rows, k] → U
         if self.lean:
             window = cache.window(rows, num_new, token_ids.shape[1])
-            self._fused = lean_forward.fused_for(self.model, self._fused)
+            self._fused = lean_forward.fused_for(self.model, self._fused, self.pack_lm_head)
             logits, features = decoder_forward(self.model, self._fused, window, token_ids, self.layer_ids, keep)
             window.close()
         else:
