@@ -1,6 +1,6 @@
 """One decode step of the target: the lean forward (`decoder_forward.py`) vs Hugging Face's own, paired.
 
-    python3 -m benchmarks.target_forward --model smollm2-135m --batch 1 16 [--threads 2] [--profile]
+    python3 -m benchmarks.target_forward --model smollm2-135m --batch 1 16 [--threads 2] [--clock cpu] [--profile]
 
 Both forwards run the same model object on their own KV slots, filled by the same prefill (`--context`
 tokens per row). Each round times `--steps` decode steps of one, then of the other (the order alternates
@@ -33,7 +33,7 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     for j in range(n):
         cdf += math.comb(n, j) / 2**n
         if cdf > alpha / 2:
-            k = j
+            k = j - 1  # x_(j) would leave more than α/2 below it; 0-indexed x_(k+1) is xs[k]
             break
     return median, xs[k], xs[n - 1 - k]
 
@@ -41,11 +41,11 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
 def _targets(model_text: str):
     from dspark_core.target import TargetModel
 
-    if model_text.startswith("tiny"):  # a random Llama of SmolLM2's layout, for a quick look without the wheel
+    if model_text == "tiny":  # a small random Llama with SmolLM2's head layout (9 heads, 3 KV heads), no wheel needed
         from transformers import LlamaConfig, LlamaForCausalLM
 
         torch.manual_seed(0)
-        config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        config = LlamaConfig(vocab_size=512, hidden_size=72, intermediate_size=192, num_hidden_layers=2,
                              num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
         model = LlamaForCausalLM(config).eval()
     else:
@@ -57,6 +57,52 @@ def _targets(model_text: str):
         raise SystemExit(f"{model_text}: not a model the lean forward covers (decoder_forward.supports)")
     hf.lean = False
     return {"lean": lean, "hf": hf}
+
+
+def measure_batch(targets: dict, batch: int, args: argparse.Namespace, clock) -> tuple[float, float, float]:
+    """Prefill `batch` rows, then paired rounds of decode steps; prints and returns lean ÷ HF (median, low, high)."""
+    capacity = args.context + (args.rounds + 2) * args.steps + 8
+    rows = torch.arange(batch)
+    one = torch.ones(batch, dtype=torch.long)
+    state = {}
+    for name, target in targets.items():
+        cache = target.new_cache(batch, capacity)
+        prompt = torch.randint(0, target.vocab_size, (batch, args.context), generator=torch.Generator().manual_seed(0))
+        out = target.forward(cache, rows, prompt, torch.full((batch,), args.context))
+        state[name] = (cache, out.logits[:, -1].argmax(-1))
+
+    def steps(name: str, n: int) -> float:
+        target, (cache, last) = targets[name], state[name]
+        start = clock()
+        for _ in range(n):
+            last = target.forward(cache, rows, last[:, None], one).logits[:, -1].argmax(-1)
+        state[name] = (cache, last)
+        return clock() - start
+
+    steps("lean", 1), steps("hf", 1)
+    ratios, times = [], {"lean": [], "hf": []}
+    for r in range(args.rounds):
+        order = ("lean", "hf") if r % 2 == 0 else ("hf", "lean")
+        took = {name: steps(name, args.steps) for name in order}
+        if not torch.equal(state["lean"][1], state["hf"][1]):
+            print(f"batch {batch}: greedy tokens differ at round {r}")
+        for name in took:
+            times[name].append(took[name] / args.steps * 1e3)
+        ratios.append(took["lean"] / took["hf"])
+    med, lo, hi = median_interval(ratios)
+    ms = {name: median_interval(t)[0] for name, t in times.items()}
+    print(f"batch {batch:3d}, context {args.context}, {args.threads} thread(s), {args.clock} clock: "
+          f"lean {ms['lean']:.1f} ms/step, HF {ms['hf']:.1f} ms/step; lean ÷ HF {med:.3f} [{lo:.3f}, {hi:.3f}] "
+          f"(median of {len(ratios)} paired rounds)", flush=True)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        for name in targets:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                steps(name, args.steps)
+            print(f"--- {name}, batch {batch}, {args.steps} steps")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    return med, lo, hi
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,46 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     targets = _targets(args.model)
     for batch in args.batch:
-        capacity = args.context + (args.rounds + 2) * args.steps + 8
-        rows = torch.arange(batch)
-        state = {}
-        for name, target in targets.items():
-            cache = target.new_cache(batch, capacity)
-            prompt = torch.randint(0, target.vocab_size, (batch, args.context), generator=torch.Generator().manual_seed(0))
-            out = target.forward(cache, rows, prompt, torch.full((batch,), args.context))
-            state[name] = (cache, out.logits[:, -1].argmax(-1))
-        one = torch.ones(batch, dtype=torch.long)
-
-        def steps(name: str, n: int) -> float:
-            target, (cache, last) = targets[name], state[name]
-            start = clock()
-            for _ in range(n):
-                last = target.forward(cache, rows, last[:, None], one).logits[:, -1].argmax(-1)
-            state[name] = (cache, last)
-            return clock() - start
-
-        steps("lean", 1), steps("hf", 1)
-        ratios, times = [], {"lean": [], "hf": []}
-        for r in range(args.rounds):
-            order = ("lean", "hf") if r % 2 == 0 else ("hf", "lean")
-            took = {name: steps(name, args.steps) for name in order}
-            if not torch.equal(state["lean"][1], state["hf"][1]):
-                print(f"batch {batch}: greedy tokens differ at round {r}")
-            for name in took:
-                times[name].append(took[name] / args.steps * 1e3)
-            ratios.append(took["lean"] / took["hf"])
-        med, lo, hi = median_interval(ratios)
-        ms = {name: median_interval(t)[0] for name, t in times.items()}
-        print(f"batch {batch:3d}, context {args.context}, {args.threads} thread(s), {args.clock} clock: lean {ms['lean']:.1f} ms/step, "
-              f"HF {ms['hf']:.1f} ms/step; lean ÷ HF {med:.3f} [{lo:.3f}, {hi:.3f}] (median of {len(ratios)} paired rounds)")
-        if args.profile:
-            from torch.profiler import ProfilerActivity, profile
-
-            for name in targets:
-                with profile(activities=[ProfilerActivity.CPU]) as prof:
-                    steps(name, args.steps)
-                print(f"--- {name}, batch {batch}, {args.steps} steps")
-                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+        measure_batch(targets, batch, args, clock)
     return 0
 
 
