@@ -22,3 +22,13 @@ def test_paired_lean_vs_hf_runs(capsys):
 def test_median_interval_is_order_statistics():
     med, lo, hi = target_forward.median_interval([float(x) for x in range(1, 21)])
     assert med == 10.5 and (lo, hi) == (6.0, 15.0)  # n = 20: the 6th and 15th order statistics at 95%
+
+
+def test_engine_ratio_pairs_rounds_per_concurrency():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_ratio.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_engine_ratio", path)
+    engine_ratio = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine_ratio)
+    rows = [("inhouse", 1, 0, 20.0), ("vllm", 1, 0, 25.0), ("inhouse", 1, 1, 30.0), ("vllm", 1, 1, 30.0),
+            ("inhouse", 16, 0, 90.0), ("vllm", 16, 1, 100.0)]  # c 16 has no round with both: no pair
+    assert engine_ratio.round_ratios(rows) == {1: [0.8, 1.0]}
