@@ -3,17 +3,14 @@
 Speculative decoding needs three things from the target that plain `generate()` does not give:
 logits for every verified position at once, the raw hidden states of chosen layers (the drafters'
 input features), and a cache that can be cut back to the accepted length after each step. The cache
-here is a slot tensor per layer (`[num_slots, kv_heads, capacity, head_dim]`) plus a length per
-slot, so rollback is just lowering a length: rejected positions are masked out on the next forward
-and overwritten when the slot grows again. A forward over a subset of slots hands Hugging Face a
-cache cut to the longest slot and an attention mask that hides each slot's unused tail; the new
-keys/values are moved back behind each slot's own length.
+is `KVSlots` (kv_slots.py): a slot tensor per layer plus a length per slot, so rollback is just
+lowering a length. A forward over slots reads them in place (views of a contiguous range of slots,
+or of the range covering rows with a few holes) and writes each new position once.
 
-The cache handed over (transformers ≥ 4.56, which has cache layers) is a `DynamicCache` whose layers
-write the new keys/values straight into `KVSlots.attention_buffers`: views of the slots when the rows
-are a contiguous range, so a decode step copies no cached keys/values at all (the older path gathered
-every slot and then concatenated the new positions, two full copies per layer and step). With SDPA
-attention the 4-D boolean mask is built here, once, rather than by Hugging Face from a 2-D one.
+Two forwards, the same numbers: Llama-family models on SDPA (Llama, Mistral, Qwen2, Qwen3: the CPU
+targets) run `decoder_forward.py`, the model's own submodules in one loop without Hugging Face's
+per-layer plumbing; any other model runs Hugging Face's forward over a `DynamicCache` whose layers
+write into the slots (`kv_slots.hf_cache`).
 """
 
 from __future__ import annotations
@@ -26,14 +23,11 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from dspark_core import decoder_forward as lean_forward
+from dspark_core.decoder_forward import decoder_forward
 from dspark_core.kernels.attention_ref import use_varlen_attention
-from dspark_core.kv_slots import KVSlots, covering_range
+from dspark_core.kv_slots import _DynamicLayer, KVSlots, covering_range, hf_cache, hf_cache_layers
 from dspark_core.sdpa_gqa import ATTN_IMPLEMENTATION as SDPA_GQA, use_sdpa_gqa
-
-try:  # transformers >= 4.56: caches are lists of layers
-    from transformers.cache_utils import DynamicLayer as _DynamicLayer
-except ImportError:  # pragma: no cover - older transformers: the gather-and-concatenate path below
-    _DynamicLayer = None
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int = 5) -> tuple[int, ...]:
@@ -82,6 +76,11 @@ class TargetModel:
         # On the CPU, SDPA with grouped KV heads read in place (sdpa_gqa.py): no repeat_kv copy per verify step.
         if not self.varlen_attention:
             use_sdpa_gqa(self.model)
+        # Llama-family models on SDPA run `decoder_forward` (the same submodules without Hugging Face's per-layer
+        # plumbing, new keys/values written once behind each row); anything else runs Hugging Face's forward.
+        self.lean: bool = not self.varlen_attention and lean_forward.supports(self.model)
+        self._fused: lean_forward.Fused | None = None  # built at the first lean forward
+        self.pack_lm_head: bool = True  # oneDNN's prepacked LM head where it pays (decoder_forward.packed_head)
 
     @classmethod
     def from_pretrained(
@@ -140,21 +139,46 @@ class TargetModel:
         computes logits only there (a prefill needs one per prompt, not one per prompt token): the
         returned logits are then [num_rows, k, vocab]. Features always cover every position.
         """
-        cover = covering_range(cache.lengths, rows) if _DynamicLayer is not None else None
+        cover = covering_range(cache.lengths, rows) if self.lean or _DynamicLayer is not None else None
         if cover is not None:
-            return self._forward_covering(cache, cover, token_ids, num_new, logits_at)
+            # The slot range around rows with a few holes: idle slots take no new positions (num_new 0, so
+            # nothing is appended to them) and their outputs are dropped.
+            spread_at = cover.spread(logits_at) if logits_at is not None else None
+            out = self.forward(cache, cover.span, cover.spread(token_ids), cover.spread(num_new), logits_at=spread_at)
+            return TargetOutput(logits=cover.pick(out.logits), features=cover.pick(out.features))
+        keep = inverse = None
+        if logits_at is not None:
+            keep, inverse = torch.unique(logits_at, return_inverse=True)  # [U] positions, [num_rows, k] → U
+        if self.lean:
+            window = cache.window(rows, num_new, token_ids.shape[1])
+            self._fused = lean_forward.fused_for(self.model, self._fused, self.pack_lm_head)
+            logits, features = decoder_forward(self.model, self._fused, window, token_ids, self.layer_ids, keep)
+            window.close()
+        else:
+            logits, features = self._hf_forward(cache, rows, token_ids, num_new, keep)
+        logits = logits.float()
+        if inverse is not None:
+            logits = logits[torch.arange(len(rows), device=logits.device)[:, None], inverse]
+        return TargetOutput(logits=logits, features=features)
+
+    def _hf_forward(
+        self, cache: KVSlots, rows: Tensor, token_ids: Tensor, num_new: Tensor, keep: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """Hugging Face's own forward over the slots (`kv_slots.hf_cache`): (logits at `keep` or everywhere,
+        features). For models `decoder_forward` does not cover, and the varlen attention path."""
         num_rows, max_new = token_ids.shape
         past_lengths = cache.lengths[rows]  # [num_rows]
         cache.check_room(rows, num_new)
         max_past = int(past_lengths.max()) if num_rows else 0
-        arange_new = torch.arange(max_new, device=token_ids.device)
-        position_ids = past_lengths[:, None] + arange_new[None, :]
-        buffers = cache.attention_buffers(rows, max_past, max_past + max_new) if _DynamicLayer is not None else None
-        hf_cache = self._hf_cache(cache, rows, max_past, buffers)
+        position_ids = past_lengths[:, None] + torch.arange(max_new, device=token_ids.device)[None, :]
+        if _DynamicLayer is not None:
+            buffers = cache.attention_buffers(rows, max_past, max_past + max_new)
+            past_kv = hf_cache(buffers, max_past)
+        else:  # pragma: no cover - transformers < 4.56
+            buffers = None
+            past_kv = hf_cache(None, max_past, cache.gather(rows, max_past) if max_past else ())
         kwargs = {}
-        keep = inverse = None
-        if logits_at is not None and self._has_logits_to_keep:
-            keep, inverse = torch.unique(logits_at, return_inverse=True)  # [U] positions, [num_rows, k] → U
+        if keep is not None and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = keep
         out = self.model(
             input_ids=token_ids,
@@ -162,53 +186,19 @@ class TargetModel:
             position_ids=position_ids,
             use_cache=True,
             output_hidden_states=bool(self.layer_ids),
-            **{self._cache_kwarg: hf_cache},
+            **{self._cache_kwarg: past_kv},
             **kwargs,
         )
-        if buffers is not None:
-            new_kv = [(k[:, :, max_past:], v[:, :, max_past:]) for k, v in buffers]
-        else:
-            new_kv = [(k[:, :, max_past:], v[:, :, max_past:]) for k, v in _cache_layers(hf_cache)]
-        cache.append(rows, new_kv, num_new)
+        layers = buffers if buffers is not None else hf_cache_layers(past_kv)
+        cache.append(rows, [(k[:, :, max_past:], v[:, :, max_past:]) for k, v in layers], num_new)
         if self.layer_ids:
             features = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
         else:
             features = token_ids.new_zeros((num_rows, max_new, 0), dtype=self.dtype)
-        logits = out.logits.float()
-        if logits_at is not None:
-            if keep is not None:
-                logits = logits[torch.arange(num_rows, device=logits.device)[:, None], inverse]
-            else:
-                logits = logits[torch.arange(num_rows, device=logits.device)[:, None], logits_at]
-        return TargetOutput(logits=logits, features=features)
-
-    def _forward_covering(
-        self, cache: KVSlots, cover: tuple[Tensor, Tensor], token_ids: Tensor, num_new: Tensor, logits_at: Tensor | None
-    ) -> TargetOutput:
-        """`forward` over the slot range that covers the rows (`covering_range`): the idle slots in it take no
-        new positions (num_new 0, so nothing is appended to them) and their outputs are dropped."""
-        span, at = cover
-        padded = token_ids.new_zeros((len(span), token_ids.shape[1]))
-        padded[at] = token_ids
-        span_new = num_new.new_zeros(len(span))
-        span_new[at] = num_new
-        span_logits_at = None
-        if logits_at is not None:
-            span_logits_at = logits_at.new_zeros((len(span), logits_at.shape[1]))
-            span_logits_at[at] = logits_at
-        out = self.forward(cache, span, padded, span_new, logits_at=span_logits_at)
-        return TargetOutput(logits=out.logits[at], features=out.features[at])
-
-    def _hf_cache(self, cache: KVSlots, rows: Tensor, max_past: int, buffers):
-        from transformers import DynamicCache
-
-        hf_cache = DynamicCache()
-        if buffers is not None:
-            hf_cache.layers = [_SlotLayer(k, v, max_past) for k, v in buffers]
-        elif max_past > 0:
-            for layer, (k, v) in enumerate(cache.gather(rows, max_past)):
-                hf_cache.update(k, v, layer)
-        return hf_cache
+        logits = out.logits
+        if keep is not None and not self._has_logits_to_keep:
+            logits = logits[:, keep]
+        return logits, features
 
     def _attention_mask(self, cache: KVSlots, rows: Tensor, max_past: int, num_new: Tensor, max_new: int) -> Tensor:
         """Which positions each new token attends to. SDPA: the final [R, 1, max_new, max_past + max_new] boolean
@@ -220,38 +210,9 @@ class TargetModel:
         if getattr(self.config, "_attn_implementation", None) not in ("sdpa", SDPA_GQA):
             return torch.cat([past_valid, new_valid], dim=1).long()
         causal = arange_new[None, :] <= arange_new[:, None]  # [max_new (query), max_new (key)]
-        # Every query also sees itself: a padded one, or one of an idle slot (`_forward_covering`: nothing cached,
+        # Every query also sees itself: a padded one, or one of an idle slot (a covering forward: nothing cached,
         # nothing new), would otherwise see no key at all and SDPA would fill its row, ignored anyway, with NaN.
         diagonal = arange_new[None, :] == arange_new[:, None]
         new_part = (causal[None, :, :] & new_valid[:, None, :]) | diagonal[None, :, :]  # [R, max_new, max_new]
         past_part = past_valid[:, None, :].expand(-1, max_new, -1)  # [R, max_new, max_past]
         return torch.cat([past_part, new_part], dim=2)[:, None]
-
-
-if _DynamicLayer is not None:
-
-    class _SlotLayer(_DynamicLayer):
-        """A Hugging Face cache layer over one layer's `KVSlots.attention_buffers` (k, v) [R, kv_heads, total,
-        head_dim], holding `past` positions: `update` writes the new keys/values at [past, past + n) and
-        returns views up to there, so nothing is concatenated."""
-
-        def __init__(self, keys: Tensor, values: Tensor, past: int):
-            super().__init__()
-            self._key_buffer, self._value_buffer, self._past = keys, values, past
-            self.keys, self.values = keys[:, :, :past], values[:, :, :past]
-            self.device = keys.device
-            self.is_initialized = True
-
-        def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-            end = self._past + key_states.shape[-2]
-            self._key_buffer[:, :, self._past : end] = key_states
-            self._value_buffer[:, :, self._past : end] = value_states
-            self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
-            return self.keys, self.values
-
-
-def _cache_layers(hf_cache) -> list[tuple[Tensor, Tensor]]:
-    """Key/value tensors of a `DynamicCache`, across the transformers 4 → 5 layout change."""
-    if hasattr(hf_cache, "layers"):
-        return [(layer.keys, layer.values) for layer in hf_cache.layers]
-    return list(zip(hf_cache.key_cache, hf_cache.value_cache))

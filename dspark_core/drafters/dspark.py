@@ -150,13 +150,10 @@ class DSparkDrafter:
         # Rows with a few holes run over the slot range that covers them (idle slots' rows computed, then
         # dropped) rather than gathering a copy of every layer's context (kv_slots.covering_range).
         cover = covering_range(state.lengths, rows)
-        run_rows, at = cover if cover is not None else (rows, None)
-        anchors = step.anchor_ids
-        if at is not None:
-            anchors = anchors.new_zeros(len(run_rows)).index_copy_(0, at, anchors)
-        h = self._backbone(state, run_rows, anchors, n)  # [R (or the covering range), n, hidden]
-        if at is not None:
-            h = h[at]
+        if cover is not None:
+            h = cover.pick(self._backbone(state, cover.span, cover.spread(step.anchor_ids), n))
+        else:
+            h = self._backbone(state, rows, step.anchor_ids, n)  # [R, n, hidden]
 
         uniforms = draw_uniforms(step.generators, n, self.device)  # [R, n]
         # The sequential head: Triton on CUDA (kernels/markov_draft.py), else DSparkModel.sample_block.

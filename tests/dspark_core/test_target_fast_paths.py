@@ -78,18 +78,27 @@ def _run(target: TargetModel, capacity: int, order: list[list[int]]):
 @pytest.mark.parametrize("order", [[[0, 1, 2, 3], [1, 2]], [[0, 1, 3], [0, 2, 3]], [[3, 0, 2], [2, 0]]],
                          ids=["contiguous", "covered", "gathered"])
 def test_in_place_gathered_and_concatenated_paths_agree(qwen3_target: TargetModel, monkeypatch, order):
-    fast, fast_cache = _run(qwen3_target, 20, order)
+    """The lean forward (new positions behind each row) and Hugging Face's (new positions behind the longest
+    row, then moved), in place, tight (no room behind the longest row) and concatenated: the same results."""
+    assert qwen3_target.lean
+    lean, lean_cache = _run(qwen3_target, 20, order)
     tight, tight_cache = _run(qwen3_target, 11, order)  # no room behind the longest row for a whole chunk
+    monkeypatch.setattr(qwen3_target, "lean", False)
+    hf, hf_cache = _run(qwen3_target, 20, order)
+    hf_tight, _ = _run(qwen3_target, 11, order)
     monkeypatch.setattr(target_module, "_DynamicLayer", None)  # the older gather-and-concatenate path
     slow, slow_cache = _run(qwen3_target, 20, order)
-    for a, b, c in zip(fast, tight, slow):
-        torch.testing.assert_close(a.logits, c.logits)
-        torch.testing.assert_close(b.logits, c.logits)
-        torch.testing.assert_close(a.features, c.features)
-    assert fast_cache.lengths.tolist() == slow_cache.lengths.tolist() == tight_cache.lengths.tolist()
-    for k_fast, k_slow in zip(fast_cache.keys, slow_cache.keys):
-        for row, n in enumerate(slow_cache.lengths.tolist()):
-            torch.testing.assert_close(k_fast[row, :, :n], k_slow[row, :, :n])
+    valid = [[6, 3, 5, 1]] + [[3, 1, 2, 3][: len(subset)] for subset in order]  # padded positions are garbage
+    for outs in (lean, tight, hf, hf_tight):
+        for a, c, counts in zip(outs, slow, valid):
+            for row, n in enumerate(counts):
+                torch.testing.assert_close(a.logits[row, :n], c.logits[row, :n])
+                torch.testing.assert_close(a.features[row, :n], c.features[row, :n])
+    assert all(c.lengths.tolist() == slow_cache.lengths.tolist() for c in (lean_cache, tight_cache, hf_cache))
+    for cache in (lean_cache, hf_cache):
+        for k_fast, k_slow in zip(cache.keys, slow_cache.keys):
+            for row, n in enumerate(slow_cache.lengths.tolist()):
+                torch.testing.assert_close(k_fast[row, :, :n], k_slow[row, :, :n])
 
 
 def test_eager_attention_gets_the_2d_mask(qwen3_target: TargetModel):
@@ -120,6 +129,9 @@ def test_covering_a_freed_slot_matches_the_gather(qwen3_target: TargetModel, mon
 
     covered, covered_cache = run(0.5)
     gathered, gathered_cache = run(0.0)
+    monkeypatch.setattr(qwen3_target, "lean", False)
+    hf_covered, _ = run(0.5)
+    torch.testing.assert_close(covered.logits[:, 0], hf_covered.logits[:, 0])  # logits_at: valid positions only
     assert torch.isfinite(covered.logits).all() and covered.logits.shape == gathered.logits.shape
     torch.testing.assert_close(covered.logits, gathered.logits)
     for j, n in enumerate([4, 1, 2]):

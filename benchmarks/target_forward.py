@@ -1,0 +1,129 @@
+"""One decode step of the target: the lean forward (`decoder_forward.py`) vs Hugging Face's own, paired.
+
+    python3 -m benchmarks.target_forward --model smollm2-135m --batch 1 16 [--threads 2] [--clock cpu] [--profile]
+
+Both forwards run the same model object on their own KV slots, filled by the same prefill (`--context`
+tokens per row). Each round times `--steps` decode steps of one, then of the other (the order alternates
+every round), so a busy shared machine slows both alike; the figure is the median over rounds of the
+per-round time ratio lean ÷ HF with a distribution-free 95% interval (order statistics of the ratios).
+`--clock cpu` times this process's CPU seconds instead of wall seconds (with one thread, what another job
+on the same cores takes does not count). `--profile` prints torch.profiler's table of `--steps` steps of each forward (self CPU time, top ops).
+The greedy tokens of both forwards are checked equal at every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(median, low, high): the order-statistic interval for the median (binomial, no distribution assumed)."""
+    xs = sorted(values)
+    n = len(xs)
+    median = xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+    if n < 6:
+        return median, xs[0], xs[-1]
+    alpha, k = 1 - confidence, 0
+    # The largest k with P(Binomial(n, ½) ≤ k) ≤ α/2: [x_(k+1), x_(n−k)] covers the median with ≥ confidence.
+    cdf = 0.0
+    for j in range(n):
+        cdf += math.comb(n, j) / 2**n
+        if cdf > alpha / 2:
+            k = j - 1  # x_(j) would leave more than α/2 below it; 0-indexed x_(k+1) is xs[k]
+            break
+    return median, xs[k], xs[n - 1 - k]
+
+
+def _targets(model_text: str):
+    from dspark_core.target import TargetModel
+
+    if model_text == "tiny":  # a small random Llama with SmolLM2's head layout (9 heads, 3 KV heads), no wheel needed
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=512, hidden_size=72, intermediate_size=192, num_hidden_layers=2,
+                             num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
+        model = LlamaForCausalLM(config).eval()
+    else:
+        from harness.model_refs import resolve
+
+        model = TargetModel.from_pretrained(resolve(model_text).path).model
+    lean, hf = TargetModel(model), TargetModel(model)
+    if not lean.lean:
+        raise SystemExit(f"{model_text}: not a model the lean forward covers (decoder_forward.supports)")
+    hf.lean = False
+    return {"lean": lean, "hf": hf}
+
+
+def measure_batch(targets: dict, batch: int, args: argparse.Namespace, clock) -> tuple[float, float, float]:
+    """Prefill `batch` rows, then paired rounds of decode steps; prints and returns lean ÷ HF (median, low, high)."""
+    capacity = args.context + (args.rounds + 2) * args.steps + 8
+    rows = torch.arange(batch)
+    one = torch.ones(batch, dtype=torch.long)
+    state = {}
+    for name, target in targets.items():
+        cache = target.new_cache(batch, capacity)
+        prompt = torch.randint(0, target.vocab_size, (batch, args.context), generator=torch.Generator().manual_seed(0))
+        out = target.forward(cache, rows, prompt, torch.full((batch,), args.context))
+        state[name] = (cache, out.logits[:, -1].argmax(-1))
+
+    def steps(name: str, n: int) -> float:
+        target, (cache, last) = targets[name], state[name]
+        start = clock()
+        for _ in range(n):
+            last = target.forward(cache, rows, last[:, None], one).logits[:, -1].argmax(-1)
+        state[name] = (cache, last)
+        return clock() - start
+
+    steps("lean", 1), steps("hf", 1)
+    ratios, times = [], {"lean": [], "hf": []}
+    for r in range(args.rounds):
+        order = ("lean", "hf") if r % 2 == 0 else ("hf", "lean")
+        took = {name: steps(name, args.steps) for name in order}
+        if not torch.equal(state["lean"][1], state["hf"][1]):
+            print(f"batch {batch}: greedy tokens differ at round {r}")
+        for name in took:
+            times[name].append(took[name] / args.steps * 1e3)
+        ratios.append(took["lean"] / took["hf"])
+    med, lo, hi = median_interval(ratios)
+    ms = {name: median_interval(t)[0] for name, t in times.items()}
+    print(f"batch {batch:3d}, context {args.context}, {args.threads} thread(s), {args.clock} clock: "
+          f"lean {ms['lean']:.1f} ms/step, HF {ms['hf']:.1f} ms/step; lean ÷ HF {med:.3f} [{lo:.3f}, {hi:.3f}] "
+          f"(median of {len(ratios)} paired rounds)", flush=True)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        for name in targets:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                steps(name, args.steps)
+            print(f"--- {name}, batch {batch}, {args.steps} steps")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    return med, lo, hi
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--context", type=int, default=128, help="prompt tokens per row before decoding")
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=4, help="decode steps per forward per round")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: this process's CPU time (with --threads 1, robust to other jobs taking the cores)")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    targets = _targets(args.model)
+    for batch in args.batch:
+        measure_batch(targets, batch, args, clock)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

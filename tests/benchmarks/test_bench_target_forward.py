@@ -1,0 +1,34 @@
+"""benchmarks/target_forward.py runs end to end on a small random Llama and prints its paired ratio."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+# tests/benchmarks shadows the top-level benchmarks package on sys.path: load the script by its path.
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "target_forward.py"
+_spec = importlib.util.spec_from_file_location("benchmarks_target_forward", _PATH)
+target_forward = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(target_forward)
+
+
+def test_paired_lean_vs_hf_runs(capsys):
+    assert target_forward.main(["--model", "tiny", "--batch", "1", "3", "--context", "6", "--rounds", "4",
+                                "--steps", "1", "--clock", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("lean ÷ HF") == 2 and "differ" not in out
+
+
+def test_median_interval_is_order_statistics():
+    med, lo, hi = target_forward.median_interval([float(x) for x in range(1, 21)])
+    assert med == 10.5 and (lo, hi) == (6.0, 15.0)  # n = 20: the 6th and 15th order statistics at 95%
+
+
+def test_engine_ratio_pairs_rounds_per_concurrency():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_ratio.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_engine_ratio", path)
+    engine_ratio = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine_ratio)
+    rows = [("inhouse", 1, 0, 20.0), ("vllm", 1, 0, 25.0), ("inhouse", 1, 1, 30.0), ("vllm", 1, 1, 30.0),
+            ("inhouse", 16, 0, 90.0), ("vllm", 16, 1, 100.0)]  # c 16 has no round with both: no pair
+    assert engine_ratio.round_ratios(rows) == {1: [0.8, 1.0]}

@@ -1,0 +1,97 @@
+"""The lean Llama-family forward (`decoder_forward.py`) gives Hugging Face's numbers, bit for bit where the layout
+is the same (every row as long: batch-1 decoding, the path `generate` comparisons take), and its stacked
+projections are views that follow the model's weights."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dspark_core import decoder_forward
+from dspark_core.target import TargetModel
+
+
+def _pair(model, pack_lm_head: bool = False) -> tuple[TargetModel, TargetModel]:
+    """The lean forward (without the prepacked LM head unless asked: oneDNN's matmul rounds otherwise) and HF's."""
+    lean, hf = TargetModel(model, layer_ids=(-1, 0, 1)), TargetModel(model, layer_ids=(-1, 0, 1))
+    lean.pack_lm_head = pack_lm_head
+    hf.lean = False
+    return lean, hf
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_same_length_rows_are_bit_identical_to_hugging_face(family, qwen3_target, llama_target):
+    model = (qwen3_target if family == "qwen3" else llama_target).model
+    lean, hf = _pair(model)
+    assert lean.lean
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, lean.vocab_size, (2, 7), generator=gen)
+    caches = [t.new_cache(2, 24) for t in (lean, hf)]
+    rows = torch.arange(2)
+    outs = [t.forward(c, rows, prompt, torch.tensor([7, 7])) for t, c in zip((lean, hf), caches)]
+    for _ in range(4):  # decode steps, then a verify-shaped chunk, a rollback and a decode step after it
+        assert torch.equal(outs[0].logits, outs[1].logits) and torch.equal(outs[0].features, outs[1].features)
+        step = outs[0].logits[:, -1].argmax(-1, keepdim=True)
+        outs = [t.forward(c, rows, step, torch.ones(2, dtype=torch.long)) for t, c in zip((lean, hf), caches)]
+    chunk = torch.randint(0, lean.vocab_size, (2, 4), generator=gen)
+    outs = [t.forward(c, rows, chunk, torch.tensor([4, 4])) for t, c in zip((lean, hf), caches)]
+    assert torch.equal(outs[0].logits, outs[1].logits)
+    for c in caches:
+        c.rollback(rows, c.lengths - 2)
+    outs = [t.forward(c, rows, chunk[:, :1], torch.ones(2, dtype=torch.long)) for t, c in zip((lean, hf), caches)]
+    assert torch.equal(outs[0].logits, outs[1].logits) and torch.equal(outs[0].features, outs[1].features)
+    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [14, 14]
+    for a, b in zip(caches[0].keys + caches[0].values, caches[1].keys + caches[1].values):
+        assert torch.equal(a[:, :, :14], b[:, :, :14])
+
+
+def test_logits_at_keeps_the_lean_forward_exact(llama_target):
+    lean, hf = _pair(llama_target.model)
+    prompt = torch.randint(0, lean.vocab_size, (1, 6), generator=torch.Generator().manual_seed(3))
+    at = torch.tensor([[5, 2]])
+    a = lean.forward(lean.new_cache(1, 8), torch.tensor([0]), prompt, torch.tensor([6]), logits_at=at)
+    b = hf.forward(hf.new_cache(1, 8), torch.tensor([0]), prompt, torch.tensor([6]), logits_at=at)
+    assert a.logits.shape == (1, 2, lean.vocab_size) and torch.equal(a.logits, b.logits)
+
+
+def test_the_packed_lm_head_gives_the_same_logits_at_any_batch(llama_target):
+    """oneDNN's prepacked head: Hugging Face's logits to rounding, and one row's logits do not depend on the
+    rows beside it (so a verify step's logits equal a plain step's)."""
+    lean, hf = _pair(llama_target.model, pack_lm_head=True)
+    prompt = torch.randint(0, lean.vocab_size, (3, 6), generator=torch.Generator().manual_seed(4))
+    n = torch.full((3,), 6)
+    a = lean.forward(lean.new_cache(3, 8), torch.arange(3), prompt, n)
+    assert lean._fused.head is not None
+    b = hf.forward(hf.new_cache(3, 8), torch.arange(3), prompt, n)
+    torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=1e-5)
+    one = lean.forward(lean.new_cache(1, 8), torch.arange(1), prompt[:1], n[:1])
+    assert torch.equal(one.logits[0], a.logits[0])
+
+
+def test_stacked_projections_are_views_and_follow_the_weights(llama_target):
+    model = copy.deepcopy(llama_target.model)
+    fused = decoder_forward.fused_for(model, None)
+    assert fused.head is not None
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.0)  # written in place: the packed head is a copy, so it is packed again
+    repacked = decoder_forward.fused_for(model, fused)
+    assert repacked is not fused
+    fused = repacked.layers
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    assert attn.k_proj.weight.data_ptr() == fused[1].qkv_weight[attn.q_proj.weight.shape[0]:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == fused[1].gate_up_weight[mlp.gate_proj.weight.shape[0]:].data_ptr()
+    assert decoder_forward.fused_for(model, repacked) is repacked
+    with torch.no_grad():
+        attn.v_proj.weight.add_(1.0)  # an in-place change reaches the stack: it is the same memory
+    assert torch.equal(fused[1].qkv_weight[-attn.v_proj.weight.shape[0]:], attn.v_proj.weight)
+    model.double()  # new tensors: the stack is rebuilt
+    again = decoder_forward.fused_for(model, repacked)
+    assert again is not repacked and again.layers[0].qkv_weight.dtype == torch.float64 and again.head is None
+
+
+def test_other_models_keep_hugging_faces_forward(qwen3_target):
+    model = copy.deepcopy(qwen3_target.model)
+    model.config._attn_implementation = "eager"
+    assert not decoder_forward.supports(model) and not TargetModel(model).lean
