@@ -97,7 +97,7 @@ def draft_and_measurement_sections(data: dict) -> list[str]:
         "",
         f"## Acceptance, calibration and speed (γ = {g}, {n} generations per task; MT-Bench counts both turns)",
         "",
-        "τ: tokens per verify step, bonus included. α₁: first-position acceptance. Speed-up: tokens/s over",
+        "τ = 1 + accepted ÷ drafting steps (harness.metrics). α₁: first-position acceptance. Speed-up: tokens/s over",
         "plain decoding of the same prompts in the same run. ECE: DSpark confidences, raw → STS-calibrated.",
         "",
         "| task | T | draft | τ | α₁ | tokens/s | speed-up | ECE raw | ECE cal |",

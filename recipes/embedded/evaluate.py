@@ -1,7 +1,7 @@
 """Measuring the embedded default: acceptance, calibration and speed of each draft on the three tasks.
 
 This is what the model card reports and what the quickstart's main job prints until the harness
-runner lands: per task and drafter, acceptance length τ (tokens per verify step, bonus included),
+runner lands: per task and drafter, acceptance length τ (1 + accepted ÷ drafting steps, from harness.metrics),
 first-position acceptance, ECE raw and STS-calibrated, and tokens/s against plain decoding measured
 in the same run. MT-Bench is run as two turns: the second user turn follows the model's own first
 answer, generated with the same drafter (lossless, so it is the target's answer).
@@ -20,6 +20,8 @@ from dspark_core.calibration import expected_calibration_error
 from dspark_core.drafters.base import Drafter
 from dspark_core.generate import GenerationConfig, GenerationResult, generate
 from dspark_core.target import TargetModel
+from contracts.records import RequestRecord
+from harness.metrics import acceptance
 from inputs.model_refs import embedded_root
 from inputs.tasks.prompts import stop_tokens
 
@@ -33,7 +35,7 @@ class Measurement:
     num_prompts: int
     num_steps: int
     output_tokens: int
-    acceptance_length: float  # tokens emitted per verify step, bonus included (1 … γ+1)
+    acceptance_length: float  # τ = 1 + accepted ÷ drafting steps (harness.metrics.acceptance), bonus included
     first_position_acceptance: float  # P(draft 1 accepted)
     ece_raw: float | None
     ece_calibrated: float | None
@@ -77,14 +79,23 @@ def run_task(
     return results, wall
 
 
+def as_record(index: int, result: GenerationResult, gamma: int) -> RequestRecord:
+    """A generation's raw counters as the harness's request record, so τ and α come from harness.metrics."""
+    c = result.counters
+    return RequestRecord(request_id=str(index), prompt_tokens=0, output_tokens=len(result.output_ids), arrival_s=0.0,
+                         first_token_s=0.0, finish_s=0.0, num_drafts=c.num_drafts, num_verified=tuple(c.num_verified),
+                         num_accepted=tuple(c.num_accepted))
+
+
 def summarise(
     task: str, drafter: str, gamma: int, temperature: float, results: Sequence[GenerationResult], wall_s: float,
     temperatures: torch.Tensor | None = None,
 ) -> Measurement:
-    steps = sum(r.counters.num_steps for r in results)
-    step_tokens = sum(a + 1 for r in results for a in r.counters.num_accepted)
-    first_verified = sum(1 for r in results for v in r.counters.num_verified if v >= 1)
-    first_accepted = sum(1 for r in results for v, a in zip(r.counters.num_verified, r.counters.num_accepted) if v >= 1 and a >= 1)
+    records = [as_record(i, r, gamma) for i, r in enumerate(results)]
+    tau = acceptance.acceptance_length(records).value  # the harness's one definition (harness.metrics.acceptance)
+    positions = acceptance.position_acceptance_unconditional(records)
+    alpha1 = positions[0].value if positions else None
+    steps = sum(len(r.num_verified) for r in records)
     output_tokens = sum(len(r.output_ids) for r in results)
     ece_raw = ece_cal = None
     conf = confidence_table(results, gamma)
@@ -95,8 +106,8 @@ def summarise(
     return Measurement(
         task=task, drafter=drafter, gamma=gamma, temperature=temperature, num_prompts=len(results),
         num_steps=steps, output_tokens=output_tokens,
-        acceptance_length=step_tokens / steps if steps else float("nan"),
-        first_position_acceptance=first_accepted / first_verified if first_verified else float("nan"),
+        acceptance_length=float("nan") if tau is None else tau,
+        first_position_acceptance=float("nan") if alpha1 is None else alpha1,
         ece_raw=ece_raw, ece_calibrated=ece_cal, wall_s=wall_s,
         tokens_per_s=output_tokens / wall_s if wall_s > 0 else float("nan"),
     )

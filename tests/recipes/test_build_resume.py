@@ -42,3 +42,4 @@ def test_a_draft_is_kept_only_with_the_same_training_config(tmp_path):
     assert _kept_draft(tmp_path / "dspark", cfg) == report
     assert _kept_draft(tmp_path / "dspark", TrainConfig(steps=301, seed=0)) is None
     assert _kept_draft(tmp_path / "dflash", cfg) is None
+
