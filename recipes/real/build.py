@@ -11,8 +11,7 @@ the same sequences per step** (DSpark/DFlash over `anchors_per_sequence` blocks 
 over every answer position with its unrolled steps); STS is fitted per decoding temperature on held-out prompts.
 
 The card is measured by the harness itself, not by a loop of the build's own: the build writes `card.yaml`
-beside the drafts (checkpoints named relative to it, so the committed directory and a rebuild run the same
-suite), runs it with `harness run` into `card.duckdb`, and renders MODEL_CARD.md and card.json from that run
+beside the drafts (the committed build names them `smollm2-135m:<name>`, a build elsewhere by absolute path), runs it with `harness run` into `card.duckdb`, and renders MODEL_CARD.md and card.json from that run
 (harness/report/model_card.py: one τ, one ECE, the paired speedup, each with its interval). Rerun the card
 alone on the committed drafts with `harness run models/smollm2-135m/card.yaml`.
 
@@ -153,9 +152,15 @@ def write_card_suite(out: Path, card: CardPreset, *, target: str, dtype: str, nu
     """`out/card.yaml`: the suite the card is measured by (data, written once per build)."""
     import yaml
 
+    from inputs.model_refs import real_drafts_root
+
+    # The committed build names its drafts as any suite does (`smollm2-135m:<name>`); a build elsewhere by
+    # absolute path (suite paths are taken from the working directory, so a relative one would not resolve).
+    committed = out.resolve() == real_drafts_root(target).parent.resolve()
     drafters = {"none": {"method": "none"}, "ngram": {"method": "ngram"}}
     for d in REAL_DRAFTS:
-        drafters[d.name] = {"method": d.method, "checkpoint": f"drafts/{d.name}"}
+        ref = f"{target}:{d.name}" if committed else str((out / "drafts" / d.name).resolve())
+        drafters[d.name] = {"method": d.method, "checkpoint": ref}
     tasks = {t: {"n_samples": card.n_samples, "max_new_tokens": card.max_new_tokens, "temperature": 0,
                  **({"multi_turn": True} if t == "mt_bench" else {})} for t in card.tasks}
     suite = {
