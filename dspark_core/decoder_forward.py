@@ -155,8 +155,10 @@ def fused_for(model: nn.Module, fused: Fused | None, pack_head: bool = True) -> 
 
 
 def _key(weight: Tensor) -> tuple[int, int, torch.dtype]:
-    """Changes when the weight moves or is written in place (a packed copy would be stale)."""
-    return weight.data_ptr(), weight._version, weight.dtype
+    """Changes when the weight moves or is written in place (a packed copy would be stale). An inference
+    tensor (made under `torch.inference_mode`, as the GPU check loads its target) keeps no version counter,
+    and nothing outside inference mode can write it in place, so its address and dtype are the key."""
+    return weight.data_ptr(), -1 if weight.is_inference() else weight._version, weight.dtype
 
 
 def _packable(weight: Tensor) -> bool:

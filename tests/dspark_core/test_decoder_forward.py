@@ -95,3 +95,19 @@ def test_other_models_keep_hugging_faces_forward(qwen3_target):
     model = copy.deepcopy(qwen3_target.model)
     model.config._attn_implementation = "eager"
     assert not decoder_forward.supports(model) and not TargetModel(model).lean
+
+
+def test_a_target_loaded_under_inference_mode_runs_the_lean_forward():
+    """The GPU check builds its target inside `torch.inference_mode`: inference tensors keep no version
+    counter, and the packed-head key must not ask them for one."""
+    from tests.conftest import tiny_llama
+
+    with torch.inference_mode():
+        model = tiny_llama()
+        target = TargetModel(model)
+        prompt = torch.randint(0, target.vocab_size, (2, 5), generator=torch.Generator().manual_seed(1))
+        first = target.forward(target.new_cache(2, 8), torch.arange(2), prompt, torch.full((2,), 5))
+        fused = target._fused
+        again = target.forward(target.new_cache(2, 8), torch.arange(2), prompt, torch.full((2,), 5))
+    assert target._fused is fused  # reused, not rebuilt each step
+    assert torch.equal(first.logits, again.logits)
