@@ -121,6 +121,17 @@ def _effect(base: np.ndarray, cand: np.ndarray, scale: str) -> np.ndarray:
     return cand - base
 
 
+def bootstrap_weights(num_units: int, resamples: int, seed: int = 0, max_elements: int = 4_000_000):
+    """Multinomial weight vectors [rows, units] (Σw = U per row), `resamples` rows in all, in chunks of at
+    most `max_elements` weights so memory stays bounded for many units. The chunking depends only on
+    `num_units`, so a seed reproduces the same draws; the one- and two-sample bootstraps share them."""
+    rng = np.random.default_rng(seed)
+    pvals = np.full(num_units, 1.0 / num_units)
+    rows = max(1, max_elements // num_units)
+    for start in range(0, resamples, rows):
+        yield rng.multinomial(num_units, pvals, size=min(rows, resamples - start)).astype(np.float64)
+
+
 def paired_bootstrap(
     base_stat: Statistic,
     cand_stat: Statistic,
@@ -132,24 +143,14 @@ def paired_bootstrap(
     seed: int = 0,
     max_elements: int = 4_000_000,
 ) -> Estimate:
-    """The paired bootstrap of the module docstring over `num_units` units, for any pair of statistics.
-
-    Draws are generated in chunks of at most `max_elements` weights, so memory stays bounded for many
-    units; the chunking depends only on `num_units`, so a seed reproduces the same draws.
-    """
+    """The paired bootstrap of the module docstring over `num_units` units, for any pair of statistics."""
     if num_units < 1:
         raise ValueError("the bootstrap needs at least one paired unit")
     ones = np.ones((1, num_units))
     base0, cand0 = float(base_stat(ones)[0]), float(cand_stat(ones)[0])
     effect = float(_effect(np.array(base0), np.array(cand0), scale))
-    rng = np.random.default_rng(seed)
-    pvals = np.full(num_units, 1.0 / num_units)
-    rows = max(1, max_elements // num_units)
-    chunks = []
-    for start in range(0, resamples, rows):
-        weights = rng.multinomial(num_units, pvals, size=min(rows, resamples - start)).astype(np.float64)
-        chunks.append(_effect(base_stat(weights), cand_stat(weights), scale))
-    draws = np.concatenate(chunks)
+    draws = np.concatenate([_effect(base_stat(w), cand_stat(w), scale)
+                            for w in bootstrap_weights(num_units, resamples, seed, max_elements)])
     draws = draws[np.isfinite(draws)]  # a draw whose baseline statistic is undefined (0 denominator)
     if draws.size < 2:
         return Estimate("paired_bootstrap", scale, base0, cand0, effect, num_units, alpha,
@@ -161,6 +162,22 @@ def paired_bootstrap(
         alpha=alpha, ci=(float(low), float(high)), p_value=bootstrap_p_value(draws),
         mde=mde_factor(alpha) * se, min_p=2 / (resamples + 1),
     )
+
+
+def bootstrap_interval(stat: Statistic, num_units: int, *, resamples: int = 2000, alpha: float = 0.05,
+                       seed: int = 0) -> tuple[float, float | None, float | None]:
+    """One sample's statistic with its percentile interval over the same draws the paired form uses:
+    (value at w = 1, low, high); the bounds are None when fewer than two draws are defined. The model
+    card's τ and ECE intervals come from here, so a card and a gate resample alike."""
+    if num_units < 1:
+        raise ValueError("the bootstrap needs at least one unit")
+    value = float(stat(np.ones((1, num_units)))[0])
+    draws = np.concatenate([stat(w) for w in bootstrap_weights(num_units, resamples, seed)])
+    draws = draws[np.isfinite(draws)]
+    if draws.size < 2 or value != value:
+        return value, None, None
+    low, high = np.quantile(draws, [alpha / 2, 1 - alpha / 2])
+    return value, float(low), float(high)
 
 
 def ratio_statistic(numerator: np.ndarray, denominator: np.ndarray) -> Statistic:

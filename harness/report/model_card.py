@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from harness.gate import data as gate_data
-from harness.gate.stats import EceTable, cumulative_survival, ece_table, ratio_statistic
+from harness.gate.stats import EceTable, bootstrap_interval, cumulative_survival, ece_table, ratio_statistic
 from harness.report.sections import wilson
 
 TASK_ORDER = ("gsm8k", "humaneval", "mt_bench")
@@ -66,19 +66,13 @@ class Interval:
         return None
 
 
-def _draws(num_units: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(num_units, np.full(num_units, 1.0 / num_units), size=RESAMPLES).astype(np.float64)
-
-
 def _interval(stat, num_units: int, transform=lambda x: x) -> Interval:
-    value = float(stat(np.ones((1, num_units)))[0])
-    draws = stat(_draws(num_units))
-    draws = draws[np.isfinite(draws)]
-    if draws.size < 2 or value != value:
-        return Interval(transform(value) if value == value else None)
-    low, high = np.quantile(draws, [0.025, 0.975])
-    return Interval(transform(value), transform(float(low)), transform(float(high)))
+    value, low, high = bootstrap_interval(stat, num_units, resamples=RESAMPLES)
+    if value != value:
+        return Interval(None)
+    if low is None or high is None:
+        return Interval(transform(value))
+    return Interval(transform(value), transform(low), transform(high))
 
 
 def _by_unit(values: np.ndarray, units: tuple[str, ...]) -> np.ndarray:

@@ -11,6 +11,7 @@ import pytest
 
 from harness.gate.rules import GateRule
 from harness.gate.stats import (
+    bootstrap_interval,
     EceTable,
     bootstrap_p_value,
     ece_bootstrap,
@@ -20,6 +21,7 @@ from harness.gate.stats import (
     mde_factor,
     midranks,
     ratio_bootstrap,
+    ratio_statistic,
     repeats_test,
 )
 from harness.gate.verdict import judge
@@ -86,6 +88,21 @@ def test_bootstrap_is_reproducible_for_a_seed():
     cand = num * 0.97
     a, b = (ratio_bootstrap(num, den, cand, den, seed=9) for _ in range(2))
     assert a == b
+
+
+def test_the_one_sample_interval_covers_a_ratio_of_sums_as_the_normal_theory_does():
+    """The card's form: the same draws, one statistic. For a ratio of sums over 400 units its percentile
+    interval matches the delta-method interval to a few percent, and it brackets the estimate."""
+    rng = np.random.default_rng(3)
+    den = rng.integers(5, 30, 400).astype(float)
+    num = rng.binomial(den.astype(int), 0.6).astype(float)
+    value, low, high = bootstrap_interval(ratio_statistic(num, den), 400, resamples=4000)
+    r = num.sum() / den.sum()
+    se = math.sqrt(np.sum((num - r * den) ** 2)) / den.sum()  # delta method for a ratio estimator
+    assert value == pytest.approx(r) and low < r < high
+    assert (high - low) == pytest.approx(2 * 1.96 * se, rel=0.08)
+    assert bootstrap_interval(ratio_statistic(num, den), 400, resamples=4000) == (value, low, high)  # seeded
+    assert bootstrap_interval(ratio_statistic(num[:1] * 0, den[:1] * 0), 1)[1:] == (None, None)  # undefined
 
 
 def test_bootstrap_p_value_is_two_sided_and_never_zero():
