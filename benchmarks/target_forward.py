@@ -14,28 +14,20 @@ The greedy tokens of both forwards are checked equal at every step.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 
 import torch
 
 
-def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """(median, low, high): the order-statistic interval for the median (binomial, no distribution assumed)."""
-    xs = sorted(values)
-    n = len(xs)
-    median = xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-    if n < 6:
-        return median, xs[0], xs[-1]
-    alpha, k = 1 - confidence, 0
-    # The largest k with P(Binomial(n, ½) ≤ k) ≤ α/2: [x_(k+1), x_(n−k)] covers the median with ≥ confidence.
-    cdf = 0.0
-    for j in range(n):
-        cdf += math.comb(n, j) / 2**n
-        if cdf > alpha / 2:
-            k = j - 1  # x_(j) would leave more than α/2 below it; 0-indexed x_(k+1) is xs[k]
-            break
-    return median, xs[k], xs[n - 1 - k]
+def median_ratio(values: list[float]) -> tuple[float, float, float]:
+    """(median, low, high) of positive paired ratios: `harness.metrics.speedup.median_interval`, the one
+    median-of-ratios with its sign-test interval that speedups use; min–max where no 95% interval exists
+    (below 6 rounds)."""
+    from harness.metrics.speedup import median_interval
+
+    med, ci, _ = median_interval(values)
+    low, high = ci if ci is not None else (min(values), max(values))
+    return med, low, high
 
 
 def _targets(model_text: str):
@@ -89,8 +81,8 @@ def measure_batch(targets: dict, batch: int, args: argparse.Namespace, clock) ->
         for name in took:
             times[name].append(took[name] / args.steps * 1e3)
         ratios.append(took["lean"] / took["hf"])
-    med, lo, hi = median_interval(ratios)
-    ms = {name: median_interval(t)[0] for name, t in times.items()}
+    med, lo, hi = median_ratio(ratios)
+    ms = {name: median_ratio(t)[0] for name, t in times.items()}
     print(f"batch {batch:3d}, context {args.context}, {args.threads} thread(s), {args.clock} clock: "
           f"lean {ms['lean']:.1f} ms/step, HF {ms['hf']:.1f} ms/step; lean ÷ HF {med:.3f} [{lo:.3f}, {hi:.3f}] "
           f"(median of {len(ratios)} paired rounds)", flush=True)

@@ -19,9 +19,10 @@ def test_paired_lean_vs_hf_runs(capsys):
     assert out.count("lean ÷ HF") == 2 and "differ" not in out
 
 
-def test_median_interval_is_order_statistics():
-    med, lo, hi = target_forward.median_interval([float(x) for x in range(1, 21)])
-    assert med == 10.5 and (lo, hi) == (6.0, 15.0)  # n = 20: the 6th and 15th order statistics at 95%
+def test_median_ratio_is_the_speedup_median_with_its_order_statistics():
+    med, lo, hi = target_forward.median_ratio([float(x) for x in range(1, 21)])
+    assert abs(med - 110 ** 0.5) < 1e-9 and (lo, hi) == (6.0, 15.0)  # geometric median; 6th, 15th at 95%
+    assert target_forward.median_ratio([0.9, 1.1, 1.0])[1:] == (0.9, 1.1)  # no 95% interval below 6: min–max
 
 
 def test_engine_ratio_pairs_rounds_per_concurrency():
