@@ -148,10 +148,10 @@ def round_slots(work: Sequence[tuple[Cell, int]], repeats: int | None = None) ->
     return slots
 
 
-def check_gates(suite, suite_path, num_repeats: int | None = None, overridden: bool = False) -> list[str]:
-    """RunError when a gate of the suite cannot reach significance with the suite's rounds (repeats);
-    with an override `num_repeats` (--repeats, also `overridden` when it was written into the suite) below
-    what a gate needs, the warnings to show instead: a short run asked for on purpose still runs."""
+def check_gates(suite, suite_path, overridden: bool = False) -> None:
+    """RunError when a gate of the suite cannot reach significance with the suite's rounds (repeats),
+    unless the rounds were overridden (--repeats, also `overridden` when it was written into the suite):
+    a short run asked for on purpose still runs, with `gate_warnings`."""
     from harness.gate.rules import rounds_needed
 
     short = [(rule, need) for rule in suite.gates if (need := rounds_needed(rule)) and need > suite.repeats]
@@ -159,8 +159,12 @@ def check_gates(suite, suite_path, num_repeats: int | None = None, overridden: b
         raise RunError(f"{suite_path}: " + "; ".join(
             f"gate {rule.metric} ({rule.test}, alpha {rule.alpha:g}, min_samples {rule.min_samples}) needs "
             f"repeats >= {need} (rounds), the suite has {suite.repeats}" for rule, need in short))
-    if num_repeats is None:
-        return []
+
+
+def gate_warnings(suite, num_repeats: int) -> list[str]:
+    """The gates that `num_repeats` rounds leave unable to fire, one line each, shown before the run."""
+    from harness.gate.rules import rounds_needed
+
     return [f"warning: with {num_repeats} rounds gate {rule.metric} ({rule.test}) cannot fire: it needs {need}"
             for rule in suite.gates if (need := rounds_needed(rule)) and need > num_repeats]
 
@@ -231,7 +235,7 @@ def run_suite(
     num_repeats = repeats if repeats is not None else suite.repeats
     if num_repeats < 1:
         raise RunError(f"--repeats must be >= 1, got {num_repeats}")
-    notes = check_gates(suite, suite_path, num_repeats, overridden=_repeats_overridden(overrides))
+    notes = gate_warnings(suite, num_repeats)  # load_cells refused the gates no round count could fire
     if resume is not None and not Path(db_path).is_file():  # a typo must not leave an empty store behind
         raise RunError(f"--resume {resume}: there is no store at {db_path}, so no such run (check --db)")
     try:
