@@ -444,16 +444,20 @@ def dry_run(suite_path: str | Path, only: Sequence[str] = (), repeats: int | Non
     out = out if out is not None else sys.stdout
     suite, cells = load_cells(suite_path, only, check_files=False, overrides=overrides)
     num_repeats = repeats if repeats is not None else suite.repeats
-    print(f"suite {suite.name} ({suite.hash[:12]}): {len(cells)} cells × {num_repeats} repeats", file=out)
+    servers, warnings = _planned_servers(suite, cells)
+    server_key = {cell_id: command for command, ids in servers.items() for cell_id in ids}
+    work = plan(cells, num_repeats, server_key)  # the runs as run_suite orders them, closing plain passes too
+    closing = sum(1 for _, repeat in work if repeat >= num_repeats)
+    print(f"suite {suite.name} ({suite.hash[:12]}): {len(cells)} cells × {num_repeats} repeats = {len(work)} cell runs"
+          + (f" ({closing} closing plain passes of speedup sandwiches)" if closing else ""), file=out)
     for cell in cells:
         print(f"  {cell.cell_id}  {cell.label()}", file=out)
-    servers, warnings = _planned_servers(suite, cells)
     for command, ids in servers.items():
         print(f"server for {len(ids)} cells: {command}", file=out)
     for warning in warnings:
         print(f"warning: {warning}", file=out)
     if db_path is not None:
-        _print_estimate(db_path, suite, cells, num_repeats, out)
+        _print_estimate(db_path, suite, cells, work, out)
     return EXIT_OK
 
 
@@ -483,9 +487,10 @@ def _planned_servers(suite, cells: Sequence[Cell]) -> tuple[dict[str, list[str]]
     return servers, warnings
 
 
-def _print_estimate(db_path, suite, cells: Sequence[Cell], num_repeats: int, out) -> None:
-    """GPU- and CPU-seconds of the planned cells from the newest run of the same suite name that recorded
-    costs: per cell, the mean over that run's repeats × the planned repeats."""
+def _print_estimate(db_path, suite, cells: Sequence[Cell], work: Sequence[tuple[Cell, int]], out) -> None:
+    """GPU- and CPU-seconds of the planned runs (`work`: every cell × repeat, closing plain passes
+    included) from the newest run of the same suite name that recorded costs: per cell, the mean over
+    that run's passes."""
     from harness.store import Store, StoreError
 
     if not Path(db_path).exists():
@@ -503,12 +508,12 @@ def _print_estimate(db_path, suite, cells: Sequence[Cell], num_repeats: int, out
     if not rows:
         return
     history = {cell_id: (gpu, cpu) for _, cell_id, gpu, cpu in rows}
-    known = [c for c in cells if c.cell_id in history]
-    gpu = sum(history[c.cell_id][0] for c in known) * num_repeats
-    cpu = sum(history[c.cell_id][1] for c in known) * num_repeats
+    known = [cell for cell, _ in work if cell.cell_id in history]
+    gpu = sum(history[c.cell_id][0] for c in known)
+    cpu = sum(history[c.cell_id][1] for c in known)
     print(f"estimated cost from run {rows[0][0]}: {gpu:.1f} GPU-seconds, {cpu:.1f} CPU-seconds for {len(known)} "
-          f"of {len(cells)} cells × {num_repeats} repeats", file=out)
+          f"of {len(work)} cell runs", file=out)
     for cell in cells:
         per_repeat = history.get(cell.cell_id)
-        shown = f"{per_repeat[0]:.1f} GPU-s  {per_repeat[1]:.1f} CPU-s per repeat" if per_repeat else "no history"
+        shown = f"{per_repeat[0]:.1f} GPU-s  {per_repeat[1]:.1f} CPU-s per pass" if per_repeat else "no history"
         print(f"  {cell.cell_id}  {shown}", file=out)

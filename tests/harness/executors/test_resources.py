@@ -93,11 +93,15 @@ def test_costs_are_recorded_summed_and_estimated_from_history(tmp_path, data_env
     out = io.StringIO()
     dry_run(suite, ONLY, repeats=3, out=out, db_path=db)
     text = out.getvalue()
-    assert f"estimated cost from run {outcome.run_id}: 18.0 GPU-seconds, 36.0 CPU-seconds for 2 of 2 cells × 3 repeats" in text
-    assert text.count("3.0 GPU-s  6.0 CPU-s per repeat") == 2
+    # 3 rounds × (plain, speculative, closing plain) = 9 passes of 3 GPU-s each
+    assert "2 cells × 3 repeats = 9 cell runs (3 closing plain passes of speedup sandwiches)" in text
+    assert f"estimated cost from run {outcome.run_id}: 27.0 GPU-seconds, 54.0 CPU-seconds for 9 of 9 cell runs" in text
+    assert text.count("3.0 GPU-s  6.0 CPU-s per pass") == 2
     out = io.StringIO()
     dry_run(suite, ["task=gsm8k"], repeats=1, out=out, db_path=db)
-    assert "for 2 of 4 cells × 1 repeats" in out.getvalue() and out.getvalue().count("no history") == 2
+    # 4 cells in 2 sandwiches: 6 runs; the known plain cell runs twice (opening, closing), its speculative one once
+    assert "9.0 GPU-seconds, 18.0 CPU-seconds for 3 of 6 cell runs" in out.getvalue()
+    assert out.getvalue().count("no history") == 2
 
 
 def test_local_executor_stamps_the_suite_resources(tmp_path, data_env):
