@@ -4,6 +4,7 @@ while an identical rerun passes."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -16,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.runner import load_cells, plan, round_slots
+from harness.progress import PlainDisplay
+from harness.runner import load_cells, plan, round_slots, run_suite
 from harness.store import Store, read_only_query
 
 REPO = Path(__file__).resolve().parents[2]
@@ -356,3 +358,33 @@ def test_ctrl_c_marks_the_run_interrupted_and_keeps_finished_cells(tmp_path, dat
     with Store.open(db, read_only=True) as store:
         assert store.run(run_id)["status"] == "interrupted"
         assert 1 <= len(store.cell_status(run_id)) < 9
+
+
+class SwallowingBackend:
+    """A backend whose cell catches every Exception, as an engine adapter must (the cell then fails and
+    the suite goes on), and that receives SIGTERM while inside that `try`."""
+
+    def __init__(self, **options):
+        pass
+
+    def run_cell(self, cell, progress=None):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here
+        except Exception as exc:  # noqa: BLE001
+            raise RuntimeError(f"the cell failed: {exc}") from exc
+        raise AssertionError("the signal never arrived")
+
+    def close(self):
+        pass
+
+
+def test_sigterm_inside_a_backends_broad_except_stops_the_run(tmp_path, data_env, monkeypatch):
+    from contracts import backend as registry
+
+    monkeypatch.setitem(registry.BACKENDS, "inhouse", f"{__name__}:SwallowingBackend")
+    db = tmp_path / "h.duckdb"
+    outcome = run_suite(write_suite(tmp_path, n=4, drafters="none"), db_path=db, display=PlainDisplay(io.StringIO()))
+    assert outcome.interrupted and outcome.outcomes == []  # not a failed cell, and nothing after it ran
+    with Store.open(db, read_only=True) as store:
+        assert store.run(outcome.run_id)["status"] == "interrupted"
