@@ -171,7 +171,7 @@ def _cell(suite: Suite, raw: dict[str, _Value], include: int | None) -> Cell:
                             synthetic_acceptance=None if drafter.synthetic_acceptance is None
                             else tuple(drafter.synthetic_acceptance)),
         num_drafts=num_drafts,
-        task=TaskSpec(name=task_name, n_samples=task.n_samples, max_new_tokens=task.max_new_tokens,
+        task=TaskSpec(name=task.dataset or task_name, n_samples=task.n_samples, max_new_tokens=task.max_new_tokens,
                       temperature=float(temperature), multi_turn=task.multi_turn),
         policy=PolicySpec(name=policy.name, verify_length=policy.verify_length, threshold=policy.threshold,
                           sps_table=policy.sps_table),

@@ -17,11 +17,14 @@ NAMED_AXES = ("target", "drafter", "task", "policy")
 
 def check_references(doc: SuiteDoc, locations: Locations, known_tasks: Sequence[str]) -> None:
     """Raise a SuiteError at the first name that refers to nothing."""
-    for key in doc.tasks:
-        if key not in known_tasks:
-            raise locations.error(("tasks", key), f"unknown task {show(key)}{did_you_mean(key, known_tasks)}; tasks: "
-                                                  f"{', '.join(known_tasks)} (a task is a YAML file in inputs/tasks/ "
-                                                  f"or $HARNESS_TASKS_DIR)", at="key")
+    for key, entry in doc.tasks.items():
+        task = entry.dataset or key
+        if task not in known_tasks:
+            where = ("tasks", key, "dataset") if entry.dataset else ("tasks", key)
+            raise locations.error(where, f"unknown task {show(task)}{did_you_mean(task, known_tasks)}; tasks: "
+                                         f"{', '.join(known_tasks)} (a task is a YAML file in inputs/tasks/ "
+                                         "or $HARNESS_TASKS_DIR)",
+                                  at="value" if entry.dataset else "key")
     for key, policy in doc.policies.items():
         if key in POLICIES and policy.name != key:
             raise locations.error(("policies", key, "name"), f"a policy named after the built-in {show(key)} must be "

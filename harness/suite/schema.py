@@ -170,6 +170,7 @@ class TaskEntry(Section):
     max_new_tokens: Annotated[int, Field(ge=1)]  # per generated turn
     temperature: Temperature = 0.0
     multi_turn: bool = True  # play every turn of multi-turn tasks (MT-Bench); false: the first only
+    dataset: Name | None = None  # the task run (default: the entry's name): one task at two sizes, in two entries
 
 
 class PolicyEntry(Section):

@@ -63,3 +63,18 @@ def test_h100_suite_uses_hub_ids():
 def test_common_is_a_fragment():
     with pytest.raises(SuiteError, match="no matrix: this file defines no cells, so it is a fragment"):
         load_suite(SUITES / "common.yaml")
+
+
+def test_the_smollm2_suite_shows_every_drafter_and_policy_at_low_and_high_load():
+    """What the README's main job on the real target promises (issue 16): plain, DSpark with each policy,
+    DFlash, Eagle3-style and n-gram; GSM8K, HumanEval and MT-Bench; concurrency 1 and 16."""
+    cells = expand(load_suite(SUITES / "smollm2.yaml"))
+    assert {c.target.path for c in cells} == {"smollm2-135m"} and {c.backend for c in cells} == {"inhouse"}
+    assert {c.drafter.method for c in cells} == {"none", "dspark", "dflash", "eagle3", "ngram"}
+    assert {c.policy.name for c in cells if c.drafter.method == "dspark"} == {
+        "full", "static", "threshold", "scheduler", "adaptive"}
+    assert {c.task.name for c in cells} == {"gsm8k", "humaneval", "mt_bench"} and {c.concurrency for c in cells} == {1, 16}
+    for concurrency in (1, 16):
+        assert {c.drafter.method for c in cells if c.concurrency == concurrency} == {
+            "none", "dspark", "dflash", "eagle3", "ngram"}
+    assert all(c.task.n_samples >= c.concurrency for c in cells)  # the burst reaches its concurrency

@@ -36,7 +36,7 @@ def test_base_parses():
     ("  concurrency: [1, 4]", "  concurency: [1, 4]", "concurency",
      "matrix.concurency: unknown key 'concurency' (did you mean 'concurrency'?)"),
     ("{n_samples: 4, max_new_tokens: 8}", "{n_samples: 4, max_new_tokens: 8, colour: red}", "colour",
-     "tasks.gsm8k.colour: unknown key 'colour'; valid keys: n_samples, max_new_tokens, temperature, multi_turn"),
+     "tasks.gsm8k.colour: unknown key 'colour'; valid keys: n_samples, max_new_tokens, temperature, multi_turn, dataset"),
 ])
 def test_unknown_keys_suggest_the_nearest(old, new, needle, rest):
     check(old, new, needle, rest)
@@ -295,3 +295,29 @@ def test_user_task_files_are_valid_task_names(tmp_path, monkeypatch):
 
 def test_a_scalar_axis_is_a_one_value_list():
     assert parse_suite_text(with_lines(BASE, l15="  backend: inhouse")).matrix.backend == ["inhouse"]
+
+
+def test_two_task_entries_can_run_one_dataset_at_two_sizes(tmp_path):
+    from harness.suite import expand, load_suite
+
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "version: 1\nname: s\ntargets: {t: {path: embedded}}\n"
+        "tasks:\n  gsm8k: {n_samples: 4, max_new_tokens: 8}\n  gsm8k-burst: {dataset: gsm8k, n_samples: 16, max_new_tokens: 8}\n"
+        "matrix:\n  backend: [inhouse]\n  target: [t]\n  task: [gsm8k]\n  concurrency: [1]\n"
+        "  include:\n    - {task: gsm8k-burst, concurrency: 16}\n")
+    cells = expand(load_suite(path))
+    assert [(c.task.name, c.task.n_samples, c.concurrency) for c in cells] == [("gsm8k", 4, 1), ("gsm8k", 16, 16)]
+    assert cells[0].cell_id != cells[1].cell_id
+
+
+def test_an_unknown_dataset_is_named_at_its_line(tmp_path):
+    from harness.suite import SuiteError, load_suite
+
+    path = tmp_path / "s.yaml"
+    path.write_text("version: 1\nname: s\ntargets: {t: {path: embedded}}\n"
+                    "tasks:\n  burst: {dataset: gsm8kk, n_samples: 16, max_new_tokens: 8}\n"
+                    "matrix:\n  target: [t]\n  task: [burst]\n")
+    with pytest.raises(SuiteError) as e:
+        load_suite(path)
+    assert str(e.value).startswith(f"{path}:5:") and "tasks.burst.dataset: unknown task 'gsm8kk' (did you mean 'gsm8k'?)" in str(e.value)
