@@ -51,6 +51,10 @@ def _check_model(suite: Suite, where: DocPath, text: str) -> None:
         available = sorted(p.name for p in drafts.iterdir() if p.is_dir()) if drafts.is_dir() else []
         message += (f"{did_you_mean(text.partition(':')[2], available)}; embedded drafts: "
                     f"{', '.join(available) or 'none'}")
+    elif text.startswith(model_refs.SMOLLM2 + ":"):
+        out = model_refs.real_drafts_root(model_refs.SMOLLM2).parent
+        message += (f" (its drafts are built by this project: python3 -m recipes.real.build {out}, about 90 min on "
+                    f"2 cores; --resume finishes an interrupted build)")
     elif text == model_refs.EMBEDDED:
         message += f" (set ${model_refs.EMBEDDED_DIR_ENV}, or rebuild with python3 -m recipes.embedded.build)"
     raise suite.locations.error(where, message)

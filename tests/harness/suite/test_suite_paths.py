@@ -83,3 +83,12 @@ def test_sps_tables_are_checked(embedded, tmp_path, monkeypatch):
                             f"{tmp_path}/sps.json does not exist")
     (tmp_path / "sps.json").write_text("{}")
     check_paths(parse_suite_text(text))
+
+
+def test_a_missing_real_target_draft_says_how_to_build_it(embedded):
+    embedded()
+    text = BASE.replace('"embedded:dspark"', '"smollm2-135m:nope"')
+    with pytest.raises(SuiteError) as e:
+        check_paths(parse_suite_text(text, "s.yaml"), select(expand(parse_suite_text(text)), ["drafter=dspark"]))
+    assert "smollm2-135m:nope resolves to" in str(e.value) and "drafts/nope, which does not exist" in str(e.value)
+    assert "python3 -m recipes.real.build" in str(e.value) and str(e.value).count("\n") == 0
