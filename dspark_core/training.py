@@ -16,8 +16,11 @@ j the input feature at position i is the draft's own step-(j−1) output at i−
 through it), and position i attends to step-0 keys at positions ≤ i−j plus the step-s key at
 position i−j+s for s = 1 … j: exactly the keys the drafter has when it drafts token j+1 after
 anchor i−j. Loss: CE on the true
-next token, step j weighted exp(−j/decay), anchors (i−j) in the answer region. Simplification: the
-unroll feeds true tokens (not sampled ones) and stops at `eagle3_unroll_steps`, not γ.
+next token, step j weighted exp(−j/decay), anchors (i−j) in the answer region: every one, or
+`eagle3_anchors_per_sequence` random ones per sequence, which sets the same budget in supervised
+positions as DSpark's blocks (the LM head over 49 k words at every position and step is most of an
+Eagle3 step's cost, so this also equalises wall clock roughly). Simplification: the unroll feeds true
+tokens (not sampled ones) and stops at `eagle3_unroll_steps`, not γ.
 
 Embeddings and LM head: the caller copies and freezes them before training
 (`model.copy_target_embeddings(target.input_embeddings(), target.output_embeddings())`): the trainer
@@ -56,6 +59,9 @@ class TrainConfig:
     decay: float = 4.0  # position weight w_k = exp(−k/decay)
     loss_weights: LossWeights | None = None  # None: DSpark 0.1/0.9/1.0; DFlash and Eagle3 CE only
     eagle3_unroll_steps: int = 3  # training-time-test steps (1 = teacher forcing only)
+    # Eagle3-style anchors per sequence whose unrolled steps are supervised; None: every answer position.
+    # A budget in supervised positions equal to DSpark's is anchors_per_sequence · block_size / unroll steps.
+    eagle3_anchors_per_sequence: int | None = None
     seed: int = 0
 
 
@@ -206,16 +212,16 @@ def eagle3_unroll_mask(num_tokens: int, step: int, device: torch.device | str = 
     return torch.cat(parts, dim=1)
 
 
-def eagle3_unroll_forward(model: Eagle3Model, token_ids: Tensor, features: Tensor, num_steps: int) -> Tensor:
-    """token_ids [S, T], features [S, T, F] → logits [S, T, num_steps, V]; step j at position i
-    predicts token i+1 as the drafter does for draft j+1 after anchor i−j."""
+def eagle3_unroll_hidden(model: Eagle3Model, token_ids: Tensor, features: Tensor, num_steps: int) -> Tensor:
+    """token_ids [S, T], features [S, T, F] → pre-norm outputs [S, T, num_steps, hidden]; step j at position
+    i predicts token i+1 as the drafter does for draft j+1 after anchor i−j."""
     S, T = token_ids.shape
     device = token_ids.device
     positions = torch.arange(T, device=device)[None, :].expand(S, -1)
     zero = features.new_zeros(S, 1, model.config.hidden_size, dtype=model.fc.weight.dtype)
     prev = torch.cat([zero, model.fuse(features)[:, :-1]], dim=1)  # g_{i−1}; zeros before position 0
     kv_steps: list[list[tuple[Tensor, Tensor]]] = []
-    logits = []
+    hidden = []
     for j in range(num_steps):
         past = None
         if kv_steps:
@@ -227,12 +233,19 @@ def eagle3_unroll_forward(model: Eagle3Model, token_ids: Tensor, features: Tenso
         mask = eagle3_unroll_mask(T, j, device)[None].expand(S, -1, -1)
         x, new_kv = model.decode(token_ids, prev, positions, past, mask)
         kv_steps.append(new_kv)
-        logits.append(model.logits(x))
+        hidden.append(x)
         prev = torch.cat([zero, x[:, :-1]], dim=1)  # own output at i−1 replaces g_{i−1}
-    return torch.stack(logits, dim=2)
+    return torch.stack(hidden, dim=2)
 
 
-def eagle3_loss(model: Eagle3Model, sequences: Sequence[TargetSequence], config: TrainConfig) -> DraftLoss:
+def eagle3_unroll_forward(model: Eagle3Model, token_ids: Tensor, features: Tensor, num_steps: int) -> Tensor:
+    """token_ids [S, T], features [S, T, F] → logits [S, T, num_steps, V] (see `eagle3_unroll_hidden`)."""
+    return model.logits(eagle3_unroll_hidden(model, token_ids, features, num_steps))
+
+
+def eagle3_loss(
+    model: Eagle3Model, sequences: Sequence[TargetSequence], config: TrainConfig, generator: torch.Generator | None = None,
+) -> DraftLoss:
     device = model.fc.weight.device
     S, T = len(sequences), max(s.num_tokens for s in sequences)
     J = max(1, config.eagle3_unroll_steps)
@@ -244,16 +257,31 @@ def eagle3_loss(model: Eagle3Model, sequences: Sequence[TargetSequence], config:
     for i, seq in enumerate(sequences):
         tokens[i, : seq.num_tokens], features[i, : seq.num_tokens] = seq.token_ids, seq.features
         target_logits[i, : seq.num_tokens] = seq.logits
-    logits = eagle3_unroll_forward(model, tokens.to(device), features.to(device), J)  # [S, T, J, V]
-    pos = torch.arange(T)[None, :, None]
-    j = torch.arange(J)[None, None, :]
-    valid = (pos - j >= prompt_lens[:, None, None]) & (pos + 1 < lengths[:, None, None])  # anchor i−j in the answer
-    labels = tokens.roll(-1, dims=1)[:, :, None].expand(S, T, J)  # token i+1 (the wrapped last one is invalid)
-    tl = target_logits[:, :, None].expand(S, T, J, -1)
-    V = logits.shape[-1]
+    hidden = eagle3_unroll_hidden(model, tokens.to(device), features.to(device), J)  # [S, T, J, H]
+    j = torch.arange(J)
+    if config.eagle3_anchors_per_sequence is None:  # every position i at every step j (anchor i − j)
+        pos = torch.arange(T)[None, :, None].expand(S, T, J)
+        real = (pos - j >= prompt_lens[:, None, None])
+    else:  # the steps after sampled anchors a: position a + j at step j
+        anchors = sample_anchors(sequences, config.eagle3_anchors_per_sequence,
+                                 generator if generator is not None else torch.Generator().manual_seed(config.seed))
+        M = max(1, max(len(a) for a in anchors))
+        anchor_pos = torch.zeros(S, M, dtype=torch.long)
+        anchor_real = torch.zeros(S, M, dtype=torch.bool)
+        for i, a in enumerate(anchors):
+            anchor_pos[i, : len(a)], anchor_real[i, : len(a)] = a, True
+        pos = anchor_pos[:, :, None] + j  # [S, M, J]
+        real = anchor_real[:, :, None].expand(S, M, J)
+    valid = real & (pos + 1 < lengths[:, None, None])  # a label after the position
+    at = pos.clamp(max=T - 1)
+    rows = torch.arange(S)[:, None, None]
+    logits = model.logits(hidden[rows.to(device), at.to(device), j.to(device)])  # [S, N, J, V]
+    labels = tokens[rows, (at + 1).clamp(max=T - 1)]  # token i+1
+    tl = target_logits[rows, at]
+    N, V = at.shape[1], logits.shape[-1]
     return draft_loss(
-        logits.reshape(S * T, J, V), labels.reshape(S * T, J).to(device), valid.reshape(S * T, J).to(device),
-        tl.reshape(S * T, J, V).to(device), None,
+        logits.reshape(S * N, J, V), labels.reshape(S * N, J).to(device), valid.reshape(S * N, J).to(device),
+        tl.reshape(S * N, J, V).to(device), None,
         weights=config.loss_weights or default_loss_weights(model), decay=config.decay,
     )
 
@@ -265,7 +293,7 @@ def batch_loss(
     model: TargetFedDraft, sequences: Sequence[TargetSequence], config: TrainConfig, generator: torch.Generator
 ) -> DraftLoss:
     if isinstance(model, Eagle3Model):
-        return eagle3_loss(model, sequences, config)
+        return eagle3_loss(model, sequences, config, generator)
     if isinstance(model, DSparkModel):
         return dspark_loss(model, sequences, sample_anchors(sequences, config.anchors_per_sequence, generator), config)
     raise TypeError(f"not a trainable draft model: {type(model).__name__}")

@@ -249,14 +249,22 @@ def _kept(work_dir, name: str, key: str, log, build: Callable[[], TargetCache]) 
 
 
 def _kept_draft(directory: Path, train_cfg: TrainConfig) -> DraftReport | None:
-    """The report of a draft this build already wrote with the same training config, else None."""
+    """The report of a draft this build already wrote with the same training config, else None. Only the
+    fields that shape this draft's training are compared: an `eagle3_*` field changes no DSpark draft."""
     import json
 
     path = directory / "draft_config.json"
     if not path.exists():
         return None
     extra = json.loads(path.read_text()).get("extra", {})
-    if extra.get("train_config") != _jsonable(asdict(train_cfg)) or "training" not in extra:
+    if "training" not in extra or "train_config" not in extra:
+        return None
+    method = extra["training"].get("method")
+
+    def shaping(config: dict) -> dict:
+        return {k: v for k, v in config.items() if method == "eagle3" or not k.startswith("eagle3_")}
+
+    if shaping(extra["train_config"]) != shaping(_jsonable(asdict(train_cfg))):
         return None
     return DraftReport(**extra["training"])
 

@@ -6,9 +6,10 @@
 The recipe is the embedded default's (harness/embedded/drafts.py, DeepSpec's): the target answers training
 prompts itself — GSM8K train questions, stdlib code-completion prompts, chat prompts from Python's prose; never
 an evaluation set — half greedily and half at T = 1; one target forward per sequence records the features and
-logits; every draft trains on that one cache **with the same budget: the same number of optimiser steps over
-the same sequences per step** (DSpark/DFlash over `anchors_per_sequence` blocks of γ per sequence, Eagle3-style
-over every answer position with its unrolled steps); STS is fitted per decoding temperature on held-out prompts.
+logits; every draft trains on that one cache **with the same budget in tokens: the same optimiser steps over the
+same sequences per step, and as many supervised positions per sequence** (DSpark/DFlash: `anchors_per_sequence`
+blocks of γ; Eagle3-style: γ/2 as many anchors, each supervising its 2 unrolled steps); STS is fitted per
+decoding temperature on held-out prompts.
 
 The card is measured by the harness itself, not by a loop of the build's own: the build writes `card.yaml`
 beside the drafts (the committed build names them `smollm2-135m:<name>`, a build elsewhere by absolute path), runs it with `harness run` into `card.duckdb`, and renders MODEL_CARD.md and card.json from that run
@@ -48,6 +49,12 @@ _COMMON: dict[str, Any] = dict(num_target_features=3, intermediate_size=768, mas
                                block_size=PRESETS_BLOCK_SIZE, markov_rank=32)
 
 
+def _equal_positions(anchors_per_sequence: int, unroll_steps: int) -> int:
+    """Eagle3-style anchors per sequence that supervise as many positions as DSpark's blocks: a DSpark block
+    supervises γ positions, an Eagle3 anchor one per unrolled step."""
+    return anchors_per_sequence * PRESETS_BLOCK_SIZE // unroll_steps
+
+
 def fast_dtype() -> str:
     """bfloat16 where the CPU has native bf16 matmuls (AVX512-BF16/AMX: ≈ 4× fp32), else float32: on an
     AVX2-only CPU torch emulates bf16 and a bf16 linear runs 2–3× slower than fp32 (measured)."""
@@ -85,7 +92,8 @@ PRESETS = {
         caps=CorpusCaps(math_chars=200_000, code_chars=200_000, chat_chars=200_000, num_val=24),
         drafts=DraftPreset(
             prompts_per_domain=64, max_new_tokens=128, sts_prompts_per_domain=16, cache_batch_size=32,
-            train=TrainConfig(steps=300, lr=2e-3, batch_size=8, anchors_per_sequence=16, eagle3_unroll_steps=2),
+            train=TrainConfig(steps=300, lr=2e-3, batch_size=8, anchors_per_sequence=16, eagle3_unroll_steps=2,
+                              eagle3_anchors_per_sequence=_equal_positions(16, 2)),
             **_COMMON,
         ),
         card=CardPreset(),
@@ -94,7 +102,8 @@ PRESETS = {
         caps=CorpusCaps(math_chars=20_000, code_chars=20_000, chat_chars=20_000, num_val=4),
         drafts=DraftPreset(
             prompts_per_domain=4, max_new_tokens=24, sts_prompts_per_domain=2, cache_batch_size=12,
-            train=TrainConfig(steps=4, lr=2e-3, batch_size=4, anchors_per_sequence=4, eagle3_unroll_steps=2),
+            train=TrainConfig(steps=4, lr=2e-3, batch_size=4, anchors_per_sequence=4, eagle3_unroll_steps=2,
+                              eagle3_anchors_per_sequence=_equal_positions(4, 2)),
             **_COMMON,
         ),
         card=CardPreset(tasks=("gsm8k",), speed_tasks=("gsm8k",), n_samples=2, max_new_tokens=12, rounds=1,
@@ -129,15 +138,15 @@ def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "d
 
     card_suite = write_card_suite(out, p.card, target=target, dtype=dtype, num_threads=num_threads, seed=seed)
     start = time.perf_counter()
-    run_id = run_card(card_suite, out / "card.duckdb", data_dir=data_dir, log=log)
+    run_id = run_card(card_suite, out / "card.duckdb", data_dir=data_dir, log=log,
+                      drafts=drafts_fingerprint(out / "drafts"), resume=resume)
     seconds["card"] = time.perf_counter() - start
     summary = {
         "build": {"target": target, "out_dir": str(out_dir), "target_source": _source(target_dir), "preset": preset, "seed": seed,
                   "num_threads": num_threads, "dtype": dtype, "cpu": torch.backends.cpu.get_cpu_capability(),
-                  "seconds": seconds, "corpus": corpus.fingerprint(),
+                  "seconds": seconds, "resumed": resume, "corpus": corpus.fingerprint(),
                   "torch": torch.__version__,
-                  "training_budget": "equal optimiser steps and sequences per step for every draft "
-                                     f"({p.drafts.train.steps} steps × {p.drafts.train.batch_size} sequences)"},
+                  "training_budget": _budget(p.drafts.train)},
         "drafts": [asdict(r) for r in reports],
         "card_run": run_id,
     }
@@ -146,6 +155,13 @@ def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "d
 
     write_card(out)
     return summary
+
+
+def _budget(train: TrainConfig) -> str:
+    per_sequence = train.anchors_per_sequence * PRESETS_BLOCK_SIZE
+    return (f"equal tokens: {train.steps} steps × {train.batch_size} sequences × up to {per_sequence} supervised positions "
+            f"per sequence for every draft (DSpark/DFlash: {train.anchors_per_sequence} blocks of γ {PRESETS_BLOCK_SIZE}; "
+            f"Eagle3-style: {train.eagle3_anchors_per_sequence} anchors × {train.eagle3_unroll_steps} unrolled steps)")
 
 
 def write_card_suite(out: Path, card: CardPreset, *, target: str, dtype: str, num_threads: int, seed: int) -> Path:
@@ -189,18 +205,38 @@ def write_card_suite(out: Path, card: CardPreset, *, target: str, dtype: str, nu
     return path
 
 
-def run_card(suite: Path, db: Path, *, data_dir: str | None, log) -> str:
-    """Run the card suite through the harness runner; returns the run id."""
+def drafts_fingerprint(drafts_dir: Path) -> str:
+    """sha256 over the drafts' files: the card run that measured exactly these drafts carries it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(drafts_dir).rglob("*")):
+        if path.is_file():
+            digest.update(str(path.relative_to(drafts_dir)).encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def run_card(suite: Path, db: Path, *, data_dir: str | None, log, drafts: str = "", resume: bool = False) -> str:
+    """Run the card suite through the harness runner; returns the run id. The run is stamped with the drafts'
+    fingerprint; with `resume`, a card run of these same drafts is reused when finished and resumed when not
+    (an interrupted build loses no measured cell). A card run that does not finish raises: a card is
+    never rendered from part of its suite."""
     import os
 
     from harness.progress import PlainDisplay
     from harness.runner import run_suite
 
+    earlier = _earlier_card_run(db, drafts, suite) if resume else None
+    if earlier is not None and earlier["status"] == "finished":
+        log(f"card run {earlier['run_id']}: kept from an earlier run of this build (the same drafts)")
+        return earlier["run_id"]
     previous = os.environ.get("HARNESS_DATA_DIR")
     if data_dir is not None:
         os.environ["HARNESS_DATA_DIR"] = str(data_dir)
     try:
-        outcome = run_suite(suite, db_path=db, display=PlainDisplay(quiet=True))
+        outcome = run_suite(suite, db_path=db, display=PlainDisplay(quiet=True), metadata={"drafts": drafts},
+                            resume=earlier["run_id"] if earlier is not None else None)
     finally:
         if data_dir is not None:
             if previous is None:
@@ -211,7 +247,30 @@ def run_card(suite: Path, db: Path, *, data_dir: str | None, log) -> str:
     log(f"card run {outcome.run_id}: {len(outcome.outcomes)} cells, {len(failed)} failed")
     if outcome.run_id is None:
         raise RuntimeError(f"the card suite {suite} did not run")
+    if outcome.interrupted:
+        raise RuntimeError(f"card run {outcome.run_id} was interrupted; no card was written. Finish it with the "
+                           "same build command and --resume")
     return outcome.run_id
+
+
+def _earlier_card_run(db: Path, drafts: str, suite: Path) -> dict | None:
+    """The newest run in `db` of this very card suite stamped with these drafts' fingerprint (any status), else None."""
+    from harness.store import Store
+    from harness.suite.load import load_suite
+
+    if not db.is_file():
+        return None
+    suite_hash = load_suite(suite).hash
+    with Store.open(db, read_only=True) as store:
+        for run in store.runs():
+            if run.get("suite_hash") != suite_hash:
+                continue
+            metadata = run.get("metadata") or {}
+            if isinstance(metadata, str):
+                metadata = json.loads(metadata)
+            if metadata.get("drafts") == drafts:
+                return run
+    return None
 
 
 def _source(target_dir: Path) -> dict:

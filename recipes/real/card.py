@@ -32,7 +32,12 @@ def header_lines(build: dict, drafts: list[dict]) -> list[str]:
     ]
     lines += drafts_table(drafts)
     secs = b["seconds"]
-    lines += ["", f"Build time: {sum(secs.values()) / 60:.1f} min (" + ", ".join(f"{k} {v / 60:.1f}" for k, v in secs.items()) + ")"]
+    spent = f"{sum(secs.values()) / 60:.1f} min (" + ", ".join(f"{k} {v / 60:.1f}" for k, v in secs.items()) + ")"
+    if b.get("resumed"):
+        lines += ["", f"Finished with `--resume`: {spent} in the last invocation, which kept what earlier ones had built "
+                  "(target caches, trained drafts: their training times are in the table)."]
+    else:
+        lines += ["", f"Build time: {spent}"]
     return lines
 
 

@@ -12,6 +12,7 @@ from dspark_core.target_cache import TargetCache, TargetSequence, build_target_c
 from dspark_core.training import (
     TrainConfig,
     dspark_block_forward,
+    eagle3_loss,
     eagle3_unroll_forward,
     eagle3_unroll_mask,
     evaluate_draft,
@@ -191,6 +192,26 @@ def test_eagle3_unroll_equals_drafter():
         logits = eagle3_unroll_forward(model, fed.token_ids[None], fed.features[None], J)  # [1, T, J, V]
     for j in range(J):
         assert torch.allclose(torch.softmax(logits[0, anchor + j, j], -1), proposal.draft_probs[0, j], atol=1e-5)
+
+
+def test_eagle3_loss_over_sampled_anchors_is_the_full_loss_at_those_positions():
+    """With a cap above every sequence's answer length, the sampled-anchor loss supervises exactly the
+    (position, step) pairs of the full one; with a small cap, only cap · steps pairs per sequence."""
+    model = new_draft("eagle3", "none", seed=4)
+    seqs = toy_cache().sequences[:3]
+    full_cfg = TrainConfig(eagle3_unroll_steps=2, seed=0)
+    every = TrainConfig(eagle3_unroll_steps=2, eagle3_anchors_per_sequence=10_000, seed=0)
+    few = TrainConfig(eagle3_unroll_steps=2, eagle3_anchors_per_sequence=2, seed=0)
+    with torch.no_grad():
+        full = eagle3_loss(model, seqs, full_cfg)
+        sampled_all = eagle3_loss(model, seqs, every, torch.Generator().manual_seed(0))
+        sampled_few = eagle3_loss(model, seqs, few, torch.Generator().manual_seed(0))
+        again = eagle3_loss(model, seqs, few, torch.Generator().manual_seed(0))
+    assert sampled_all.num_positions == full.num_positions
+    assert float(sampled_all.total) == pytest.approx(float(full.total), rel=1e-5)
+    assert sampled_all.acceptance == pytest.approx(full.acceptance, rel=1e-5)
+    assert 0 < sampled_few.num_positions <= 2 * 2 * len(seqs) < full.num_positions
+    assert float(again.total) == float(sampled_few.total)  # the anchors come from the generator
 
 
 # --- the loop ----------------------------------------------------------------------------------------

@@ -43,3 +43,18 @@ def test_a_draft_is_kept_only_with_the_same_training_config(tmp_path):
     assert _kept_draft(tmp_path / "dspark", TrainConfig(steps=301, seed=0)) is None
     assert _kept_draft(tmp_path / "dflash", cfg) is None
 
+
+
+def test_an_eagle3_only_field_keeps_a_dspark_draft_and_retrains_an_eagle3_one(tmp_path):
+    old = TrainConfig(steps=300, seed=0, eagle3_unroll_steps=2)
+    new = TrainConfig(steps=300, seed=0, eagle3_unroll_steps=2, eagle3_anchors_per_sequence=56)
+    for name, method in (("dspark", "dspark"), ("eagle3", "eagle3")):
+        report = DraftReport(name, method, "none", 10, 1.0, 2.0, 1.0, 1.5, 0.4, None)
+        (tmp_path / name).mkdir()
+        stored = _jsonable(asdict(old))
+        del stored["eagle3_anchors_per_sequence"]  # written before the field existed
+        (tmp_path / name / "draft_config.json").write_text(json.dumps(
+            {"extra": {"training": asdict(report), "train_config": stored}}))
+    assert _kept_draft(tmp_path / "dspark", new) is not None
+    assert _kept_draft(tmp_path / "eagle3", new) is None
+    assert _kept_draft(tmp_path / "dspark", TrainConfig(steps=300, seed=1, eagle3_unroll_steps=2)) is None
