@@ -1,6 +1,11 @@
 """One decode step of the target: the lean forward (`decoder_forward.py`) vs Hugging Face's own, paired.
 
     python3 -m benchmarks.target_forward --model smollm2-135m --batch 1 16 [--threads 2] [--clock cpu] [--profile]
+    python3 -m benchmarks.target_forward --against unpacked --batch 1 16 --tokens 1 8 --threads 2
+
+`--against unpacked`: the lean forward over oneDNN's prepacked weights vs the same forward over the plain
+weights (MKL's matmul), the choice `decoder_forward.packed` makes. `--tokens 8`: each step runs 8 positions
+per row, as a verify step of γ 7 does, and rolls them back.
 
 Both forwards run the same model object on their own KV slots, filled by the same prefill (`--context`
 tokens per row). Each round times `--steps` decode steps of one, then of the other (the order alternates
@@ -30,7 +35,7 @@ def median_ratio(values: list[float]) -> tuple[float, float, float]:
     return med, low, high
 
 
-def _targets(model_text: str):
+def _targets(model_text: str, against: str = "hf"):
     from dspark_core.target import TargetModel
 
     if model_text == "tiny":  # a small random Llama with SmolLM2's head layout (9 heads, 3 KV heads), no wheel needed
@@ -41,21 +46,26 @@ def _targets(model_text: str):
                              num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
         model = LlamaForCausalLM(config).eval()
     else:
-        from harness.model_refs import resolve
+        from inputs.model_refs import resolve
 
         model = TargetModel.from_pretrained(resolve(model_text).path).model
-    lean, hf = TargetModel(model), TargetModel(model)
+    lean, other = TargetModel(model), TargetModel(model)
     if not lean.lean:
         raise SystemExit(f"{model_text}: not a model the lean forward covers (decoder_forward.supports)")
-    hf.lean = False
-    return {"lean": lean, "hf": hf}
+    if against == "unpacked":
+        other.pack_weights = False
+    else:
+        other.lean = False
+    return {"lean": lean, against: other}
 
 
-def measure_batch(targets: dict, batch: int, args: argparse.Namespace, clock) -> tuple[float, float, float]:
-    """Prefill `batch` rows, then paired rounds of decode steps; prints and returns lean ÷ HF (median, low, high)."""
-    capacity = args.context + (args.rounds + 2) * args.steps + 8
+def measure_batch(targets: dict, batch: int, args: argparse.Namespace, clock, tokens: int = 1) -> tuple[float, float, float]:
+    """Prefill `batch` rows, then paired rounds of steps of `tokens` positions per row; prints and returns
+    lean ÷ the other (median, low, high)."""
+    capacity = args.context + (args.rounds + 2) * args.steps + 8 + tokens
     rows = torch.arange(batch)
     one = torch.ones(batch, dtype=torch.long)
+    (a, b) = targets
     state = {}
     for name, target in targets.items():
         cache = target.new_cache(batch, capacity)
@@ -67,24 +77,29 @@ def measure_batch(targets: dict, batch: int, args: argparse.Namespace, clock) ->
         target, (cache, last) = targets[name], state[name]
         start = clock()
         for _ in range(n):
-            last = target.forward(cache, rows, last[:, None], one).logits[:, -1].argmax(-1)
+            if tokens > 1:  # a verify-shaped step: `tokens` positions, rolled back but the first
+                logits = target.forward(cache, rows, last[:, None].expand(-1, tokens), one * tokens).logits
+                cache.rollback(rows, cache.lengths[rows] - (tokens - 1))
+                last = logits[:, 0].argmax(-1)
+            else:
+                last = target.forward(cache, rows, last[:, None], one).logits[:, -1].argmax(-1)
         state[name] = (cache, last)
         return clock() - start
 
-    steps("lean", 1), steps("hf", 1)
-    ratios, times = [], {"lean": [], "hf": []}
+    steps(a, 1), steps(b, 1)
+    ratios, times = [], {a: [], b: []}
     for r in range(args.rounds):
-        order = ("lean", "hf") if r % 2 == 0 else ("hf", "lean")
+        order = (a, b) if r % 2 == 0 else (b, a)
         took = {name: steps(name, args.steps) for name in order}
-        if not torch.equal(state["lean"][1], state["hf"][1]):
+        if not torch.equal(state[a][1], state[b][1]):
             print(f"batch {batch}: greedy tokens differ at round {r}")
         for name in took:
             times[name].append(took[name] / args.steps * 1e3)
-        ratios.append(took["lean"] / took["hf"])
+        ratios.append(took[a] / took[b])
     med, lo, hi = median_ratio(ratios)
     ms = {name: median_ratio(t)[0] for name, t in times.items()}
-    print(f"batch {batch:3d}, context {args.context}, {args.threads} thread(s), {args.clock} clock: "
-          f"lean {ms['lean']:.1f} ms/step, HF {ms['hf']:.1f} ms/step; lean ÷ HF {med:.3f} [{lo:.3f}, {hi:.3f}] "
+    print(f"batch {batch:3d} × {tokens} token(s), context {args.context}, {args.threads} thread(s), {args.clock} clock: "
+          f"{a} {ms[a]:.1f} ms/step, {b} {ms[b]:.1f} ms/step; {a} ÷ {b} {med:.3f} [{lo:.3f}, {hi:.3f}] "
           f"(median of {len(ratios)} paired rounds)", flush=True)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -108,12 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: this process's CPU time (with --threads 1, robust to other jobs taking the cores)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--against", choices=("hf", "unpacked"), default="hf",
+                    help="hf: Hugging Face's own forward; unpacked: the lean forward without prepacked weights")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1], help="positions per row per step (8: a γ 7 verify)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    targets = _targets(args.model)
+    targets = _targets(args.model, args.against)
     for batch in args.batch:
-        measure_batch(targets, batch, args, clock)
+        for tokens in args.tokens:
+            measure_batch(targets, batch, args, clock, tokens)
     return 0
 
 

@@ -7,7 +7,9 @@ hidden 576) that overhead was a third of a batch-1 step. This forward runs the m
 (the same norms, projections, rotary embedding and MLP, so the numbers are Hugging Face's) in one plain
 loop: q/k/v and gate/up as one matmul each (`fuse_projections`, bit-identical), fp32 RMSNorm as one
 op, q and k rotated together, one additive mask per forward, the new keys/values written once into the
-slots (`SlotWindow`), features taken from the chosen layers' outputs, and logits only where asked.
+slots (`SlotWindow`), features taken from the chosen layers' outputs, and logits only where asked. In fp32
+on the CPU every projection and the LM head run over oneDNN's prepacked weights (`packed`): 2–3× MKL's
+speed at the few rows of a decode or verify step, and a row's result independent of the rows beside it.
 
 `supports(model)` says whether a model has that shape; `TargetModel` keeps Hugging Face's own forward
 for everything else (other architectures, eager or varlen attention, sliding windows).
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dspark_core.kv_slots import SlotWindow
+from dspark_core.packed_linear import pack, packable, packed_linear, weight_key
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 _LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
@@ -79,40 +82,46 @@ def additive_mask(window: SlotWindow, dtype: torch.dtype) -> Tensor:
     return mask[:, None]
 
 
-class FusedLayer(NamedTuple):
-    """One layer's projections as two matmuls instead of five: q, k, v stacked, and gate, up stacked."""
+class Proj(NamedTuple):
+    """One projection as the forward runs it: the weight (oneDNN's blocked copy when `packed`) and its bias."""
 
-    qkv_weight: Tensor  # [(heads + 2 kv_heads) · head_dim, hidden]
-    qkv_bias: Tensor | None
-    gate_up_weight: Tensor  # [2 · intermediate, hidden]
-    gate_up_bias: Tensor | None
+    weight: Tensor
+    bias: Tensor | None
+    packed: bool = False
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return packed_linear(x, self.weight, self.bias) if self.packed else F.linear(x, self.weight, self.bias)
+
+
+class FusedLayer(NamedTuple):
+    """One layer's projections as four matmuls instead of seven: q, k, v stacked, and gate, up stacked."""
+
+    qkv: Proj  # [(heads + 2 kv_heads) · head_dim, hidden]
+    o: Proj
+    gate_up: Proj  # [2 · intermediate, hidden]
+    down: Proj
 
 
 class Fused(NamedTuple):
     """What `decoder_forward` runs besides the model's modules, built once per weight set (`fused_for`)."""
 
     layers: list[FusedLayer]
-    head: Tensor | None  # the LM head's weight prepacked for oneDNN (`packed_head`), or None: `lm_head` itself
-    head_key: tuple[int, int, torch.dtype]  # the LM head weight's (address, version, dtype) when `head` was packed
+    head: Proj
+    key: tuple  # `weight_key` of every weight the projections were built from: a packed copy is stale once one changes
 
 
-def packed_head(weight: Tensor) -> Tensor | None:
-    """The LM head's weight in oneDNN's blocked layout, where that is the faster matmul: fp32 on the CPU.
-
-    The LM head (vocab × hidden: 49,152 × 576 on SmolLM2) is the largest matmul of a decode step; MKL's
-    matmul runs it at 12 GFLOP/s on this AVX2 CPU at 16 rows, oneDNN's over the prepacked weight at twice
-    that (and 0.9× the time at 1 row). vLLM's CPU backend prepacks every linear the same way. Unlike MKL's,
-    oneDNN's result for a row does not depend on how many rows are multiplied with it, so a verify step's
-    logits equal a plain step's. Costs a copy of the weight (the head is tied to the embeddings)."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
-        return None
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-    except (RuntimeError, AttributeError):  # pragma: no cover - a torch without these ops
-        return None
+def packed(weight: Tensor, bias: Tensor | None, do_pack: bool) -> Proj:
+    """A projection over oneDNN's blocked copy of `weight` where `do_pack` and it is `packable`
+    (`dspark_core.packed_linear`: 2–3× MKL's fp32 speed at a few rows on this CPU, and row-independent
+    results), else over the weight itself. The whole forward, paired:
+    `python3 -m benchmarks.target_forward --against unpacked --tokens 1 8`."""
+    blocked = pack(weight) if do_pack else None
+    if blocked is None:
+        return Proj(weight, bias)
+    return Proj(blocked, None if bias is None else bias.detach(), True)
 
 
-def fuse_projections(model: nn.Module) -> list[FusedLayer]:
+def fuse_projections(model: nn.Module) -> list[tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]]:
     """Stack each layer's q/k/v and gate/up weights, and make the modules' own weights views of the stacks.
 
     A matmul's output column depends only on its weight row (MKL's kernels give bit-identical columns
@@ -122,7 +131,7 @@ def fuse_projections(model: nn.Module) -> list[FusedLayer]:
     fused = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        fused.append(FusedLayer(*_stack([attn.q_proj, attn.k_proj, attn.v_proj]), *_stack([mlp.gate_proj, mlp.up_proj])))
+        fused.append((_stack([attn.q_proj, attn.k_proj, attn.v_proj]), _stack([mlp.gate_proj, mlp.up_proj])))
     return fused
 
 
@@ -142,27 +151,33 @@ def _stack(linears: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
     return weight, bias
 
 
-def fused_for(model: nn.Module, fused: Fused | None, pack_head: bool = True) -> Fused:
+def fused_for(model: nn.Module, fused: Fused | None, pack: bool = True) -> Fused:
     """`fused` if the modules' weights are still the ones it was built from, else built afresh (after
-    `model.to(…)` or a new state dict). `pack_head`: prepack the LM head (`packed_head`) where it pays."""
-    head = model.lm_head.weight
+    `model.to(…)`, a new state dict or an in-place write). `pack`: every projection and the LM head over
+    oneDNN's prepacked weights where that pays (`packed`)."""
     if fused is not None:
         q = model.model.layers[0].self_attn.q_proj.weight
-        same = q.data_ptr() == fused.layers[0].qkv_weight.data_ptr() and q.dtype == fused.layers[0].qkv_weight.dtype
-        if same and fused.head_key == _key(head) and (fused.head is not None) == (pack_head and _packable(head)):
+        stack = fused.layers[0].qkv
+        same = stack.packed or (q.data_ptr() == stack.weight.data_ptr() and q.dtype == stack.weight.dtype)
+        if same and fused.key == _weights_key(model) and fused.head.packed == (pack and packable(model.lm_head.weight)):
             return fused
-    return Fused(fuse_projections(model), packed_head(head) if pack_head else None, _key(head))
+    layers = []
+    for layer, (qkv, gate_up) in zip(model.model.layers, fuse_projections(model)):
+        o, down = layer.self_attn.o_proj, layer.mlp.down_proj
+        layers.append(FusedLayer(packed(*qkv, pack), packed(o.weight, o.bias, pack),
+                                 packed(*gate_up, pack), packed(down.weight, down.bias, pack)))
+    head = packed(model.lm_head.weight, model.lm_head.bias, pack)
+    return Fused(layers, head, _weights_key(model))
 
 
-def _key(weight: Tensor) -> tuple[int, int, torch.dtype]:
-    """Changes when the weight moves or is written in place (a packed copy would be stale). An inference
-    tensor (made under `torch.inference_mode`, as the GPU check loads its target) keeps no version counter,
-    and nothing outside inference mode can write it in place, so its address and dtype are the key."""
-    return weight.data_ptr(), -1 if weight.is_inference() else weight._version, weight.dtype
-
-
-def _packable(weight: Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+def _weights_key(model: nn.Module) -> tuple:
+    """Every projection weight's `weight_key`, each module's own: a module's weight made a view of its stack
+    (`_stack`) keeps its own version counter, so an in-place write shows only there."""
+    keys = [weight_key(model.lm_head.weight)]
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        keys += [weight_key(getattr(attn, n).weight) for n in _ATTN_PARTS] + [weight_key(getattr(mlp, n).weight) for n in _MLP_PARTS]
+    return tuple(keys)
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -205,7 +220,7 @@ def decoder_forward(
     for index, (layer, f) in enumerate(zip(base.layers, fused.layers)):
         attn = layer.self_attn
         x = _rms_norm(layer.input_layernorm, hidden)
-        qkv = F.linear(x, f.qkv_weight, f.qkv_bias).view(num_rows, max_new, heads + 2 * kv_heads, head_dim)
+        qkv = f.qkv(x).view(num_rows, max_new, heads + 2 * kv_heads, head_dim)
         if per_head_norm:
             q = _rope(_rms_norm(attn.q_norm, qkv[:, :, :heads]).transpose(1, 2), cos, sin)
             k = _rope(_rms_norm(attn.k_norm, qkv[:, :, heads : heads + kv_heads]).transpose(1, 2), cos, sin)
@@ -216,19 +231,15 @@ def decoder_forward(
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=kv_heads != heads
         )
-        hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(num_rows, max_new, -1))
-        mlp = layer.mlp
-        gate, up = F.linear(_rms_norm(layer.post_attention_layernorm, hidden), f.gate_up_weight, f.gate_up_bias).chunk(2, -1)
-        hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+        hidden = hidden + f.o(out.transpose(1, 2).reshape(num_rows, max_new, -1))
+        gate, up = f.gate_up(_rms_norm(layer.post_attention_layernorm, hidden)).chunk(2, -1)
+        hidden = hidden + f.down(layer.mlp.act_fn(gate) * up)
         if index in wanted:
             features.append(hidden)
     hidden = _rms_norm(base.norm, hidden)
     if logits_at is not None:
         hidden = hidden[:, logits_at]
-    if fused.head is not None:
-        logits = torch.ops.mkldnn._linear_pointwise(hidden, fused.head, model.lm_head.bias, "none", [], "")
-    else:
-        logits = model.lm_head(hidden)
+    logits = fused.head(hidden)
     if features:
         feats = torch.cat(features, dim=-1) if len(features) > 1 else features[0]
     else:

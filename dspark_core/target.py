@@ -80,7 +80,7 @@ class TargetModel:
         # plumbing, new keys/values written once behind each row); anything else runs Hugging Face's forward.
         self.lean: bool = not self.varlen_attention and lean_forward.supports(self.model)
         self._fused: lean_forward.Fused | None = None  # built at the first lean forward
-        self.pack_lm_head: bool = True  # oneDNN's prepacked LM head where it pays (decoder_forward.packed_head)
+        self.pack_weights: bool = True  # oneDNN's prepacked projections and LM head where they pay (decoder_forward.packed)
 
     @classmethod
     def from_pretrained(
@@ -151,7 +151,7 @@ class TargetModel:
             keep, inverse = torch.unique(logits_at, return_inverse=True)  # [U] positions, [num_rows, k] → U
         if self.lean:
             window = cache.window(rows, num_new, token_ids.shape[1])
-            self._fused = lean_forward.fused_for(self.model, self._fused, self.pack_lm_head)
+            self._fused = lean_forward.fused_for(self.model, self._fused, self.pack_weights)
             logits, features = decoder_forward(self.model, self._fused, window, token_ids, self.layer_ids, keep)
             window.close()
         else:

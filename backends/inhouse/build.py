@@ -118,6 +118,7 @@ class Models:
 
     def drafter(self, spec: DrafterSpec, target_spec: TargetSpec, target: LoadedTarget) -> LoadedDrafter:
         from dspark_core.drafters import as_drafter, build_drafter
+        from dspark_core.packed_linear import pack_linears
 
         key = (spec.method, spec.checkpoint, spec.head, id(target))
         if key not in self._drafters:
@@ -134,6 +135,7 @@ class Models:
                 if spec.head is not None and getattr(model.config, "head", None) != spec.head:
                     raise BackendError(f"checkpoint {spec.checkpoint} has the {model.config.head!r} head, "
                                        f"the cell asks for {spec.head!r}")
+                pack_linears(model)  # fp32 on the CPU: oneDNN's prepacked matmuls (dspark_core.packed_linear)
                 sts = model.config.extra.get("sts_temperatures") or {}
                 loaded = LoadedDrafter(as_drafter(model), model_refs.fingerprint(ref),
                                        {t: tuple(v) for t, v in sts.items()})

@@ -16,7 +16,14 @@ def test_paired_lean_vs_hf_runs(capsys):
     assert target_forward.main(["--model", "tiny", "--batch", "1", "3", "--context", "6", "--rounds", "4",
                                 "--steps", "1", "--clock", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert out.count("lean ÷ HF") == 2 and "differ" not in out
+    assert out.count("lean ÷ hf") == 2 and "differ" not in out
+
+
+def test_packed_vs_unpacked_runs_decode_and_verify_shaped_steps(capsys):
+    assert target_forward.main(["--model", "tiny", "--against", "unpacked", "--batch", "2", "--tokens", "1", "8",
+                                "--context", "6", "--rounds", "4", "--steps", "1", "--clock", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("lean ÷ unpacked") == 2 and "× 8 token(s)" in out
 
 
 def test_median_ratio_is_the_speedup_median_with_its_order_statistics():

@@ -13,10 +13,10 @@ from dspark_core import decoder_forward
 from dspark_core.target import TargetModel
 
 
-def _pair(model, pack_lm_head: bool = False) -> tuple[TargetModel, TargetModel]:
-    """The lean forward (without the prepacked LM head unless asked: oneDNN's matmul rounds otherwise) and HF's."""
+def _pair(model, pack_weights: bool = False) -> tuple[TargetModel, TargetModel]:
+    """The lean forward (without prepacked weights unless asked: oneDNN's matmul rounds otherwise) and HF's."""
     lean, hf = TargetModel(model, layer_ids=(-1, 0, 1)), TargetModel(model, layer_ids=(-1, 0, 1))
-    lean.pack_lm_head = pack_lm_head
+    lean.pack_weights = pack_weights
     hf.lean = False
     return lean, hf
 
@@ -56,39 +56,54 @@ def test_logits_at_keeps_the_lean_forward_exact(llama_target):
     assert a.logits.shape == (1, 2, lean.vocab_size) and torch.equal(a.logits, b.logits)
 
 
-def test_the_packed_lm_head_gives_the_same_logits_at_any_batch(llama_target):
-    """oneDNN's prepacked head: Hugging Face's logits to rounding, and one row's logits do not depend on the
-    rows beside it (so a verify step's logits equal a plain step's)."""
-    lean, hf = _pair(llama_target.model, pack_lm_head=True)
+def test_packed_weights_give_the_same_logits_at_any_batch(llama_target):
+    """oneDNN's prepacked projections and head: Hugging Face's logits to rounding, and one row's logits and
+    features do not depend on the rows beside it or on how many positions it runs at once (attention over a
+    different number of keys may still round differently)."""
+    lean, hf = _pair(llama_target.model, pack_weights=True)
     prompt = torch.randint(0, lean.vocab_size, (3, 6), generator=torch.Generator().manual_seed(4))
     n = torch.full((3,), 6)
     a = lean.forward(lean.new_cache(3, 8), torch.arange(3), prompt, n)
-    assert lean._fused.head is not None
+    assert lean._fused.head.packed and all(p.packed for layer in lean._fused.layers for p in layer)
     b = hf.forward(hf.new_cache(3, 8), torch.arange(3), prompt, n)
     torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=1e-5)
     one = lean.forward(lean.new_cache(1, 8), torch.arange(1), prompt[:1], n[:1])
-    assert torch.equal(one.logits[0], a.logits[0])
+    assert torch.equal(one.logits[0], a.logits[0]) and torch.equal(one.features[0], a.features[0])
+    first = lean.forward(lean.new_cache(1, 8), torch.arange(1), prompt[:1, :3], torch.tensor([3]))
+    assert torch.equal(first.logits[0], a.logits[0, :3])  # three positions of six
 
 
 def test_stacked_projections_are_views_and_follow_the_weights(llama_target):
     model = copy.deepcopy(llama_target.model)
-    fused = decoder_forward.fused_for(model, None)
-    assert fused.head is not None
-    with torch.no_grad():
-        model.lm_head.weight.mul_(1.0)  # written in place: the packed head is a copy, so it is packed again
-    repacked = decoder_forward.fused_for(model, fused)
-    assert repacked is not fused
-    fused = repacked.layers
+    fused = decoder_forward.fused_for(model, None, pack=False)
+    assert not fused.head.packed
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
-    assert attn.k_proj.weight.data_ptr() == fused[1].qkv_weight[attn.q_proj.weight.shape[0]:].data_ptr()
-    assert mlp.up_proj.weight.data_ptr() == fused[1].gate_up_weight[mlp.gate_proj.weight.shape[0]:].data_ptr()
-    assert decoder_forward.fused_for(model, repacked) is repacked
+    stacks = fused.layers[1]
+    assert attn.k_proj.weight.data_ptr() == stacks.qkv.weight[attn.q_proj.weight.shape[0]:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == stacks.gate_up.weight[mlp.gate_proj.weight.shape[0]:].data_ptr()
+    assert decoder_forward.fused_for(model, fused, pack=False) is fused
     with torch.no_grad():
         attn.v_proj.weight.add_(1.0)  # an in-place change reaches the stack: it is the same memory
-    assert torch.equal(fused[1].qkv_weight[-attn.v_proj.weight.shape[0]:], attn.v_proj.weight)
+    assert torch.equal(stacks.qkv.weight[-attn.v_proj.weight.shape[0]:], attn.v_proj.weight)
     model.double()  # new tensors: the stack is rebuilt
-    again = decoder_forward.fused_for(model, repacked)
-    assert again is not repacked and again.layers[0].qkv_weight.dtype == torch.float64 and again.head is None
+    again = decoder_forward.fused_for(model, fused, pack=False)
+    assert again is not fused and again.layers[0].qkv.weight.dtype == torch.float64
+
+
+def test_packed_copies_follow_every_weight_they_were_packed_from(llama_target):
+    model = copy.deepcopy(llama_target.model)
+    fused = decoder_forward.fused_for(model, None)
+    assert fused.head.packed and fused.layers[0].down.packed
+    assert decoder_forward.fused_for(model, fused) is fused
+    for weight in (model.lm_head.weight, model.model.layers[1].self_attn.v_proj.weight, model.model.layers[0].mlp.down_proj.weight):
+        with torch.no_grad():
+            weight.mul_(1.0)  # written in place: a packed copy would be stale, so everything is packed again
+        repacked = decoder_forward.fused_for(model, fused)
+        assert repacked is not fused
+        fused = repacked
+    model.double()  # fp64: nothing to pack
+    again = decoder_forward.fused_for(model, fused)
+    assert not again.head.packed and not again.layers[0].qkv.packed and again.layers[0].qkv.weight.dtype == torch.float64
 
 
 def test_other_models_keep_hugging_faces_forward(qwen3_target):
