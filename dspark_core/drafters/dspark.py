@@ -50,10 +50,11 @@ class DSparkModel(TargetFedDraft):
         return self.norm(x)
 
     def head_outputs(
-        self, h: Tensor, prev_ids: Tensor, head_state: Tensor | None
+        self, h: Tensor, prev_ids: Tensor, head_state: Tensor | None, backbone_logits: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """One block position: h [..., hidden], prev_ids [...] → logits [..., vocab], confidence logit, state."""
-        logits = self.lm_head(h).float()
+        """One block position: h [..., hidden], prev_ids [...] → logits [..., vocab], confidence logit, state.
+        `backbone_logits`: `lm_head(h)` in fp32 when the caller computed it for the whole block already."""
+        logits = self.lm_head(h).float() if backbone_logits is None else backbone_logits
         if self.markov_head is None:
             return logits, None, head_state
         bias, head_state = self.markov_head.bias(prev_ids, h, head_state)
@@ -70,9 +71,12 @@ class DSparkModel(TargetFedDraft):
         logits [R, n] (None without a confidence head). The torch twin of kernels/markov_draft.py."""
         prev = anchor_ids
         head_state = self.markov_head.init_state(h.shape[0], h.device) if self.markov_head is not None else None
+        # The LM head over the whole block in one matmul, as the kernel takes it: only the Markov bias needs the
+        # previous token. Drafting over 49 k words, γ matmuls of one row each cost γ reads of the head's weight.
+        backbone = self.lm_head(h).float()  # [R, n, vocab]
         tokens, probs, confs = [], [], []
         for k in range(h.shape[1]):
-            logits, conf, head_state = self.head_outputs(h[:, k], prev, head_state)
+            logits, conf, head_state = self.head_outputs(h[:, k], prev, head_state, backbone[:, k])
             p = logits_to_probs(logits, temperatures)
             prev = sample_from_probs(p, uniforms[:, k])
             tokens.append(prev)
