@@ -56,7 +56,13 @@ def test_logits_at_keeps_the_lean_forward_exact(llama_target):
     assert a.logits.shape == (1, 2, lean.vocab_size) and torch.equal(a.logits, b.logits)
 
 
-def test_packed_weights_give_the_same_logits_at_any_batch(llama_target):
+@pytest.fixture
+def pack_small_weights(monkeypatch):
+    """The fixtures' models are small; the size threshold is a speed choice (dspark_core.packed_linear)."""
+    monkeypatch.setattr("dspark_core.packed_linear.MIN_PACKED_ELEMENTS", 0)
+
+
+def test_packed_weights_give_the_same_logits_at_any_batch(llama_target, pack_small_weights):
     """oneDNN's prepacked projections and head: Hugging Face's logits to rounding, and one row's logits and
     features do not depend on the rows beside it or on how many positions it runs at once (attention over a
     different number of keys may still round differently)."""
@@ -90,7 +96,7 @@ def test_stacked_projections_are_views_and_follow_the_weights(llama_target):
     assert again is not fused and again.layers[0].qkv.weight.dtype == torch.float64
 
 
-def test_packed_copies_follow_every_weight_they_were_packed_from(llama_target):
+def test_packed_copies_follow_every_weight_they_were_packed_from(llama_target, pack_small_weights):
     model = copy.deepcopy(llama_target.model)
     fused = decoder_forward.fused_for(model, None)
     assert fused.head.packed and fused.layers[0].down.packed

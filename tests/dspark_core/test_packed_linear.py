@@ -10,7 +10,13 @@ from torch import nn
 
 from dspark_core.packed_linear import PackedLinear, pack_linears, packable
 
-pytestmark = pytest.mark.skipif(not packable(torch.zeros(1)), reason="no oneDNN fp32 linear on this build")
+pytestmark = pytest.mark.skipif(not packable(torch.zeros(1 << 17)), reason="no oneDNN fp32 linear on this build")
+
+
+@pytest.fixture(autouse=True)
+def pack_small_weights(monkeypatch):
+    """These tests' layers are small; the size threshold is a speed choice, not part of what is tested here."""
+    monkeypatch.setattr("dspark_core.packed_linear.MIN_PACKED_ELEMENTS", 0)
 
 
 def _model() -> nn.Module:
@@ -44,6 +50,9 @@ def test_a_changed_weight_is_packed_again_and_autograd_takes_the_plain_path():
     assert model[0].weight.grad is not None and x.grad is not None
 
 
-def test_only_packable_linears_are_swapped():
+def test_only_packable_linears_are_swapped(monkeypatch):
     model = _model().double()
     assert pack_linears(model) == 0 and type(model[0]) is nn.Linear
+    monkeypatch.setattr("dspark_core.packed_linear.MIN_PACKED_ELEMENTS", 1 << 17)
+    assert not packable(torch.zeros(128, 768)) and packable(torch.zeros(576, 576))  # the embedded default's stay on MKL
+    assert pack_linears(_model()) == 0
