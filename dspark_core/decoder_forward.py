@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dspark_core.kv_slots import SlotWindow
-from dspark_core.packed_linear import pack, packable, packed_linear, weight_key
+from dspark_core.packed_linear import pack, packed_linear, weight_key
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 _LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
@@ -107,7 +107,9 @@ class Fused(NamedTuple):
 
     layers: list[FusedLayer]
     head: Proj
-    key: tuple  # `weight_key` of every weight the projections were built from: a packed copy is stale once one changes
+    pack: bool  # built with prepacking asked for
+    packed_from: tuple[nn.Module, ...]  # the modules whose weights were packed (copies: stale once one changes)
+    key: tuple  # their weights' `weight_key` when packed
 
 
 def packed(weight: Tensor, bias: Tensor | None, do_pack: bool) -> Proj:
@@ -153,31 +155,29 @@ def _stack(linears: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
 
 def fused_for(model: nn.Module, fused: Fused | None, pack: bool = True) -> Fused:
     """`fused` if the modules' weights are still the ones it was built from, else built afresh (after
-    `model.to(…)`, a new state dict or an in-place write). `pack`: every projection and the LM head over
-    oneDNN's prepacked weights where that pays (`packed`)."""
-    if fused is not None:
+    `model.to(…)`, a new state dict or an in-place write to a packed weight). `pack`: every projection and the
+    LM head over oneDNN's prepacked weights where that pays (`packed`). Runs at every forward: it checks the
+    first stack's address (the unpacked stacks are the modules' own memory) and only the packed weights' keys."""
+    if fused is not None and fused.pack == pack:
         q = model.model.layers[0].self_attn.q_proj.weight
         stack = fused.layers[0].qkv
         same = stack.packed or (q.data_ptr() == stack.weight.data_ptr() and q.dtype == stack.weight.dtype)
-        if same and fused.key == _weights_key(model) and fused.head.packed == (pack and packable(model.lm_head.weight)):
+        if same and fused.key == tuple(weight_key(m.weight) for m in fused.packed_from):
             return fused
-    layers = []
+    layers, packed_from = [], []
     for layer, (qkv, gate_up) in zip(model.model.layers, fuse_projections(model)):
-        o, down = layer.self_attn.o_proj, layer.mlp.down_proj
-        layers.append(FusedLayer(packed(*qkv, pack), packed(o.weight, o.bias, pack),
-                                 packed(*gate_up, pack), packed(down.weight, down.bias, pack)))
-    head = packed(model.lm_head.weight, model.lm_head.bias, pack)
-    return Fused(layers, head, _weights_key(model))
-
-
-def _weights_key(model: nn.Module) -> tuple:
-    """Every projection weight's `weight_key`, each module's own: a module's weight made a view of its stack
-    (`_stack`) keeps its own version counter, so an in-place write shows only there."""
-    keys = [weight_key(model.lm_head.weight)]
-    for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        keys += [weight_key(getattr(attn, n).weight) for n in _ATTN_PARTS] + [weight_key(getattr(mlp, n).weight) for n in _MLP_PARTS]
-    return tuple(keys)
+        f = FusedLayer(packed(*qkv, pack), packed(attn.o_proj.weight, attn.o_proj.bias, pack),
+                       packed(*gate_up, pack), packed(mlp.down_proj.weight, mlp.down_proj.bias, pack))
+        for proj, modules in zip(f, ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj],
+                                     [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])):
+            if proj.packed:  # a module's weight made a view of its stack keeps its own version counter
+                packed_from += modules
+        layers.append(f)
+    head = packed(model.lm_head.weight, model.lm_head.bias, pack)
+    if head.packed:
+        packed_from.append(model.lm_head)
+    return Fused(layers, head, pack, tuple(packed_from), tuple(weight_key(m.weight) for m in packed_from))
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
