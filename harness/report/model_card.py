@@ -12,6 +12,8 @@ Intervals (95%):
     α_k = accepted_k / verified_k                  Wilson score interval (steps pooled over rounds)
     ECE (raw | STS-calibrated)                     the gate's ECE (`stats.ece_table`), bootstrap over
                                                    conversations; `n` = confidences observed
+    ECE gain = raw − calibrated                    paired: both ECEs on the same bootstrap draw of conversations,
+                                                   so the calibration claim is judged on its own interval
     ECE floor                                      E[ECE] of a perfectly calibrated predictor with these very
                                                    confidences: outcomes redrawn so P(y_j = 1) = a_j exactly
                                                    (sequential acceptance with P(accept j | j−1) = a_j / a_{j−1}),
@@ -119,6 +121,17 @@ def ece_with_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray 
     return _interval(table.ece, num_units), ece_floor(cycles, temperatures, unit, num_units), n
 
 
+def ece_gain(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray) -> Interval:
+    """Raw − calibrated ECE with a paired bootstrap interval: the two ECEs share every draw, so the interval is
+    that of the difference, not two marginal intervals whose overlap says little."""
+    unit, num_units = _unit_index(cycles)
+    raw = ece_table(cycles.logits, cycles.num_verified, cycles.num_accepted, unit, num_units, None)
+    cal = ece_table(cycles.logits, cycles.num_verified, cycles.num_accepted, unit, num_units, temperatures)
+    if raw.counts.sum() == 0:
+        return Interval(None)
+    return _interval(lambda w: raw.ece(w) - cal.ece(w), num_units)
+
+
 def ece_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | None, unit: np.ndarray,
               num_units: int, draws: int = FLOOR_DRAWS, seed: int = 0) -> float:
     """Mean ECE when outcomes are drawn from the confidences themselves (module docstring)."""
@@ -200,6 +213,7 @@ class CardRow:
     ece_calibrated: Interval
     ece_floor_raw: float | None
     ece_floor_calibrated: float | None
+    ece_gain: Interval  # raw − calibrated, paired over the same draws
     confidences: int
     tokens_per_s: float | None
     speedup: Interval
@@ -228,6 +242,7 @@ def card_rows(conn, run_id: str) -> list[CardRow]:
             tau, conversations, drafting = Interval(None), 0, 0
         ece: dict[bool, tuple[Interval, float | None]] = {True: (Interval(None), None), False: (Interval(None), None)}
         confidences = 0
+        gain = Interval(None)
         cycles = gate_data.confidence_cycles(conn, run_id, cell.cell_id)
         if cycles is not None:
             raw, floor_raw, confidences = ece_with_floor(cycles, None)
@@ -236,6 +251,7 @@ def card_rows(conn, run_id: str) -> list[CardRow]:
             if temps is not None:
                 cal, floor_cal, _ = ece_with_floor(cycles, temps)
                 ece[True] = (cal, floor_cal)
+                gain = ece_gain(cycles, temps)
         tput = throughput.get(cell.cell_id, [])
         other = [key for key in plain_of if key[0] != a["backend"] and key[1:] == (a["task"], a["temperature"], a["concurrency"])]
         vs_other = _against(tput, throughput.get(plain_of[other[0]], [])) if other and not cell.is_plain else Interval(None)
@@ -245,7 +261,7 @@ def card_rows(conn, run_id: str) -> list[CardRow]:
             gamma=int(a["num_drafts"] or 0), policy=a["policy"], temperature=float(a["temperature"] or 0.0),
             concurrency=int(a["concurrency"] or 0), conversations=conversations, drafting_steps=drafting, tau=tau,
             positions=tuple(_positions(conn, run_id, cell.cell_id)), ece_raw=ece[False][0], ece_calibrated=ece[True][0],
-            ece_floor_raw=ece[False][1], ece_floor_calibrated=ece[True][1], confidences=confidences,
+            ece_floor_raw=ece[False][1], ece_floor_calibrated=ece[True][1], ece_gain=gain, confidences=confidences,
             tokens_per_s=float(np.mean(tput)) if tput else None, speedup=sp.get("speedup", Interval(None)),
             speedup_status=sp.get("status"), speedup_vs_other_plain=vs_other,
         ))
@@ -272,9 +288,10 @@ def relations(rows: list[CardRow]) -> list[tuple[str, str, str]]:
                     " > ".join(t.tau.text() for t in trio)))  # type: ignore[union-attr]
     for r in rows:
         if r.drafter == "dspark" and r.ece_raw.value is not None and r.ece_calibrated.value is not None:
-            verdict = "holds" if r.ece_calibrated.value < r.ece_raw.value else "does not hold"
+            verdict = {True: "holds", False: "does not hold", None: "overlap"}[_positive(r.ece_gain)]
             out.append((f"{r.task} T={r.temperature:g} c{r.concurrency}: DSpark ECE calibrated < raw", verdict,
-                        f"{r.ece_raw.text(3)} → {r.ece_calibrated.text(3)}, n {r.confidences:,}"))
+                        f"{r.ece_raw.text(3)} → {r.ece_calibrated.text(3)}, paired gain {r.ece_gain.text(3)}, "
+                        f"n {r.confidences:,}"))
     pooled = _pooled_ece(rows, temperature=1.0)
     if pooled is not None:
         ece, n = pooled
@@ -283,6 +300,13 @@ def relations(rows: list[CardRow]) -> list[tuple[str, str, str]]:
         out.append((f"T=1: DSpark calibrated ECE ≤ {ECE_GOAL:.0%} on ≥ {ECE_GOAL_MIN_N:,} confidences", verdict,
                     f"{ece:.3f} on {n:,} (count-weighted over tasks)"))
     return out
+
+
+def _positive(gain: Interval) -> bool | None:
+    """True when the paired interval lies above 0, False below, None when it spans 0 or is missing."""
+    if gain.low is None or gain.high is None:
+        return None
+    return True if gain.low > 0 else False if gain.high < 0 else None
 
 
 def _pooled_ece(rows: list[CardRow], temperature: float) -> tuple[float, int] | None:
@@ -318,15 +342,17 @@ def card_sections(rows: list[CardRow]) -> list[str]:
         "",
         "ECE over every draft position (each with its own 10 bins; the gate's `ece_raw` / `ece_calibrated`), raw and",
         "after STS. Floor: the ECE a perfectly calibrated predictor would show on these confidences (sampling noise).",
+        "Gain: raw − calibrated with a paired interval (both on the same bootstrap draws); it judges the calibration.",
         "",
-        "| task | T | backend | c | drafter | confidences | ECE raw | floor | ECE calibrated | floor |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| task | T | backend | c | drafter | confidences | ECE raw | floor | ECE calibrated | floor | gain (paired) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if not r.confidences:
             continue
         lines.append(f"| {r.task} | {r.temperature:g} | {r.backend} | {r.concurrency} | {r.drafter} | {r.confidences:,} "
-                     f"| {r.ece_raw.text(3)} | {_num(r.ece_floor_raw)} | {r.ece_calibrated.text(3)} | {_num(r.ece_floor_calibrated)} |")
+                     f"| {r.ece_raw.text(3)} | {_num(r.ece_floor_raw)} | {r.ece_calibrated.text(3)} | {_num(r.ece_floor_calibrated)} "
+                     f"| {r.ece_gain.text(3)} |")
     lines += [
         "",
         "## Speed",

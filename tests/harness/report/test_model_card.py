@@ -7,7 +7,7 @@ import pytest
 
 from harness.gate.data import ConfidenceCycles
 from harness.gate.stats import ece_table
-from harness.report.model_card import card_rows, card_sections, ece_floor, relations
+from harness.report.model_card import Interval, _positive, card_rows, card_sections, ece_floor, ece_gain, relations
 from harness.store import Store
 from report_fixtures import make_cell, make_result, record_run
 
@@ -73,3 +73,19 @@ def test_a_calibrated_predictor_sits_at_its_floor_and_a_miscalibrated_one_far_ab
     never = np.zeros(n, dtype=np.int64)  # nothing ever accepted: confidences far above outcomes
     ece_bad = float(ece_table(logits, np.full(n, gamma), never, unit, n).ece(np.ones((1, n)))[0])
     assert ece_bad > 5 * floor
+
+
+def test_the_calibration_claim_is_judged_on_the_paired_gain():
+    """Outcomes drawn from σ(c / 2): STS at T = 2 is the truth, so the paired gain lies above 0; 'calibrating'
+    with T = 1 changes nothing, so its gain is exactly 0 and the claim is an overlap, not a hold."""
+    rng = np.random.default_rng(5)
+    n, gamma = 300, 4
+    logits = rng.normal(1.0, 2.0, size=(n, gamma))
+    survival = np.cumprod(1 / (1 + np.exp(-logits / 2.0)), axis=1)
+    accepted = (survival > rng.random(n)[:, None]).sum(axis=1)
+    cycles = _cycles(logits, accepted)
+    gain = ece_gain(cycles, np.full(gamma, 2.0))
+    assert gain.low is not None and gain.low > 0 and _positive(gain) is True
+    same = ece_gain(cycles, np.ones(gamma))
+    assert same.value == pytest.approx(0.0) and _positive(same) is None
+    assert _positive(Interval(-0.01, -0.02, -0.005)) is False and _positive(Interval(0.01)) is None
