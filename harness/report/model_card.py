@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -66,6 +66,9 @@ class Interval:
         if self.high < other.low:  # type: ignore[operator]
             return False
         return None
+
+
+ZERO = Interval(0.0, 0.0, 0.0)  # what a paired difference is judged against
 
 
 def _interval(stat, num_units: int, transform=lambda x: x) -> Interval:
@@ -111,25 +114,32 @@ def _temperatures(cell: gate_data.CellInfo, cycles: gate_data.ConfidenceCycles) 
     return np.array(rows, dtype=np.float64)
 
 
-def ece_with_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | None) -> tuple[Interval, float, int]:
-    """(ECE with its bootstrap interval, its floor for these confidences, confidences observed)."""
+class EceMeasure(NamedTuple):
+    """One ECE of a cell's confidences, raw or calibrated: with its interval, its floor, and the per-unit
+    table it came from (the paired gain reuses it)."""
+
+    ece: Interval
+    floor: float
+    confidences: int
+    table: EceTable
+
+
+def ece_with_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | None) -> EceMeasure:
+    """ECE with its bootstrap interval, its floor for these confidences, and the confidences observed."""
     unit, num_units = _unit_index(cycles)
     table = ece_table(cycles.logits, cycles.num_verified, cycles.num_accepted, unit, num_units, temperatures)
     n = int(table.counts.sum())
     if n == 0:
-        return Interval(None), float("nan"), 0
-    return _interval(table.ece, num_units), ece_floor(cycles, temperatures, unit, num_units), n
+        return EceMeasure(Interval(None), float("nan"), 0, table)
+    return EceMeasure(_interval(table.ece, num_units), ece_floor(cycles, temperatures, unit, num_units), n, table)
 
 
-def ece_gain(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray) -> Interval:
+def ece_gain(raw: EceTable, calibrated: EceTable) -> Interval:
     """Raw − calibrated ECE with a paired bootstrap interval: the two ECEs share every draw, so the interval is
-    that of the difference, not two marginal intervals whose overlap says little."""
-    unit, num_units = _unit_index(cycles)
-    raw = ece_table(cycles.logits, cycles.num_verified, cycles.num_accepted, unit, num_units, None)
-    cal = ece_table(cycles.logits, cycles.num_verified, cycles.num_accepted, unit, num_units, temperatures)
+    that of the difference, not two marginal intervals whose overlap says little. Judged with `.above(ZERO)`."""
     if raw.counts.sum() == 0:
         return Interval(None)
-    return _interval(lambda w: raw.ece(w) - cal.ece(w), num_units)
+    return _interval(lambda w: raw.ece(w) - calibrated.ece(w), raw.counts.shape[0])
 
 
 def ece_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | None, unit: np.ndarray,
@@ -245,13 +255,13 @@ def card_rows(conn, run_id: str) -> list[CardRow]:
         gain = Interval(None)
         cycles = gate_data.confidence_cycles(conn, run_id, cell.cell_id)
         if cycles is not None:
-            raw, floor_raw, confidences = ece_with_floor(cycles, None)
-            ece[False] = (raw, floor_raw)
+            raw = ece_with_floor(cycles, None)
+            ece[False], confidences = (raw.ece, raw.floor), raw.confidences
             temps = _temperatures(cell, cycles)
             if temps is not None:
-                cal, floor_cal, _ = ece_with_floor(cycles, temps)
-                ece[True] = (cal, floor_cal)
-                gain = ece_gain(cycles, temps)
+                cal = ece_with_floor(cycles, temps)
+                ece[True] = (cal.ece, cal.floor)
+                gain = ece_gain(raw.table, cal.table)
         tput = throughput.get(cell.cell_id, [])
         other = [key for key in plain_of if key[0] != a["backend"] and key[1:] == (a["task"], a["temperature"], a["concurrency"])]
         vs_other = _against(tput, throughput.get(plain_of[other[0]], [])) if other and not cell.is_plain else Interval(None)
@@ -288,7 +298,7 @@ def relations(rows: list[CardRow]) -> list[tuple[str, str, str]]:
                     " > ".join(t.tau.text() for t in trio)))  # type: ignore[union-attr]
     for r in rows:
         if r.drafter == "dspark" and r.ece_raw.value is not None and r.ece_calibrated.value is not None:
-            verdict = {True: "holds", False: "does not hold", None: "overlap"}[_positive(r.ece_gain)]
+            verdict = {True: "holds", False: "does not hold", None: "overlap"}[r.ece_gain.above(ZERO)]
             out.append((f"{r.task} T={r.temperature:g} c{r.concurrency}: DSpark ECE calibrated < raw", verdict,
                         f"{r.ece_raw.text(3)} → {r.ece_calibrated.text(3)}, paired gain {r.ece_gain.text(3)}, "
                         f"n {r.confidences:,}"))
@@ -300,13 +310,6 @@ def relations(rows: list[CardRow]) -> list[tuple[str, str, str]]:
         out.append((f"T=1: DSpark calibrated ECE ≤ {ECE_GOAL:.0%} on ≥ {ECE_GOAL_MIN_N:,} confidences", verdict,
                     f"{ece:.3f} on {n:,} (count-weighted over tasks)"))
     return out
-
-
-def _positive(gain: Interval) -> bool | None:
-    """True when the paired interval lies above 0, False below, None when it spans 0 or is missing."""
-    if gain.low is None or gain.high is None:
-        return None
-    return True if gain.low > 0 else False if gain.high < 0 else None
 
 
 def _pooled_ece(rows: list[CardRow], temperature: float) -> tuple[float, int] | None:

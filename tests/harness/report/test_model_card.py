@@ -7,7 +7,7 @@ import pytest
 
 from harness.gate.data import ConfidenceCycles
 from harness.gate.stats import ece_table
-from harness.report.model_card import Interval, _positive, card_rows, card_sections, ece_floor, ece_gain, relations
+from harness.report.model_card import ZERO, Interval, card_rows, card_sections, ece_floor, ece_gain, relations
 from harness.store import Store
 from report_fixtures import make_cell, make_result, record_run
 
@@ -83,9 +83,10 @@ def test_the_calibration_claim_is_judged_on_the_paired_gain():
     logits = rng.normal(1.0, 2.0, size=(n, gamma))
     survival = np.cumprod(1 / (1 + np.exp(-logits / 2.0)), axis=1)
     accepted = (survival > rng.random(n)[:, None]).sum(axis=1)
-    cycles = _cycles(logits, accepted)
-    gain = ece_gain(cycles, np.full(gamma, 2.0))
-    assert gain.low is not None and gain.low > 0 and _positive(gain) is True
-    same = ece_gain(cycles, np.ones(gamma))
-    assert same.value == pytest.approx(0.0) and _positive(same) is None
-    assert _positive(Interval(-0.01, -0.02, -0.005)) is False and _positive(Interval(0.01)) is None
+    unit, verified = np.arange(n), np.full(n, gamma)
+    raw = ece_table(logits, verified, accepted, unit, n)
+    gain = ece_gain(raw, ece_table(logits, verified, accepted, unit, n, np.full(gamma, 2.0)))
+    assert gain.low is not None and gain.low > 0 and gain.above(ZERO) is True
+    same = ece_gain(raw, ece_table(logits, verified, accepted, unit, n, np.ones(gamma)))
+    assert same.value == pytest.approx(0.0) and same.above(ZERO) is None
+    assert Interval(-0.01, -0.02, -0.005).above(ZERO) is False and Interval(0.01).above(ZERO) is None
