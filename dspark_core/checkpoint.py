@@ -8,6 +8,10 @@ Our format is a directory with two files:
   be served by vLLM after writing a `config.json` beside it.
 - `draft_config.json`: `DraftConfig.to_json()`; its `extra` carries STS temperatures, provenance, ….
 
+A draft with a reduced vocabulary also stores `draft_to_target` (int64, the target ids of its LM head rows;
+vLLM's `d2t` holds the same as offsets, `target id − index`). Integer tensors keep their dtype whatever
+`dtype` a save or load asks for.
+
 Same weights and config give the same bytes. Loading is strict: a missing, unexpected or misshapen
 tensor is an error that lists every such name (and both shapes) and names the file.
 
@@ -39,6 +43,7 @@ from dspark_core.drafters.models import build_draft_model
 
 WEIGHTS_FILE = "model.safetensors"
 SHARED_WITH_TARGET = ("embed_tokens.weight", "lm_head.weight")  # frozen copies of the target's
+DRAFT_VOCAB_TENSOR = "draft_to_target"  # a reduced draft vocabulary's target ids (TargetFedDraft)
 CONFIG_FILE = "draft_config.json"
 HF_CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
@@ -80,7 +85,7 @@ def save_draft(
     except TypeError as err:
         raise ValueError(f"draft config extra must be plain JSON (str, number, bool, list, dict): {err}") from None
     tensors = {
-        name: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous()
+        name: t.detach().to("cpu", dtype=_float_dtype(t, dtype)).contiguous()
         for name, t in model.state_dict().items()
         if not (share_target_embeddings and name in SHARED_WITH_TARGET)
     }
@@ -157,8 +162,9 @@ def deepspec_draft_config(
         raise refuse("use_aux_hidden_state false: our drafts always read the target's hidden states")
     vocab = _required(hf, "vocab_size")
     draft_vocab = hf.get("draft_vocab_size")
-    if draft_vocab is not None and int(draft_vocab) != int(vocab):
-        raise refuse(f"draft_vocab_size {draft_vocab} != vocab_size {vocab}: reduced vocabularies (d2t) are not supported")
+    reduced = draft_vocab is not None and int(draft_vocab) != int(vocab)
+    if reduced and tensor_shapes is not None and "d2t" not in tensor_shapes:
+        raise refuse(f"draft_vocab_size {draft_vocab} < vocab_size {vocab} but no d2t tensor maps its tokens")
     if hf.get("attention_bias"):
         raise refuse("attention_bias true: our draft attention has no biases")
     if hf.get("hidden_act", "silu") != "silu":
@@ -187,6 +193,7 @@ def deepspec_draft_config(
         confidence_head=confidence,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         rope_theta=_rope_theta(hf),
+        draft_vocab_size=int(draft_vocab) if draft_vocab is not None and reduced else None,
         extra=extra,
     )
 
@@ -200,7 +207,9 @@ def load_deepspec_draft(
 ) -> DSparkModel:
     """Load a released DeepSpec DSpark (or DFlash) checkpoint directory as our `DSparkModel`.
 
-    Key prefixes `model.`, `_orig_mod.`, `module.` are stripped; `t2d`/`mask_embedding` are skipped.
+    Key prefixes `model.`, `_orig_mod.`, `module.` are stripped; `t2d`/`mask_embedding` are skipped. A reduced
+    draft vocabulary (`draft_vocab_size` < `vocab_size`) comes with vLLM's `d2t` offsets (target id − draft index),
+    read as the model's `draft_to_target`; a `d2t` beside the whole vocabulary (the identity) is dropped.
     Checkpoints without `embed_tokens`/`lm_head` share the target's: pass `target` (a `TargetModel`
     or a Hugging Face causal LM) and its weights are copied in; tensors the checkpoint has are kept.
     `dtype=None` keeps the stored dtype of `fc.weight` (the confidence head, often fp32, follows it).
@@ -212,12 +221,16 @@ def load_deepspec_draft(
     hf = json.loads(config_path.read_text())
     tensors, source = read_safetensors(directory)
     tensors = _normalise_names(tensors, source)
-    if "d2t" in tensors:
-        raise ValueError(f"{source} holds a d2t mapping: reduced draft vocabularies are not supported")
     try:
         config = deepspec_draft_config(hf, {k: tuple(v.shape) for k, v in tensors.items()})
     except ValueError as err:
         raise ValueError(f"{config_path}: {err}") from None
+    offsets = tensors.pop("d2t", None)
+    if offsets is not None and config.draft_vocab_size is not None:  # vLLM's d2t: target id − draft index
+        tensors[DRAFT_VOCAB_TENSOR] = torch.arange(len(offsets), dtype=torch.long) + offsets.long()
+    elif offsets is not None and bool(offsets.ne(0).any()):
+        raise ValueError(f"{source}: d2t reorders the whole vocabulary (draft_vocab_size = vocab_size); "
+                         "only the identity or a reduced vocabulary is supported")
     tensors, source = _fill_shared_embeddings(tensors, source, target)
     model = _build_and_load(config, tensors, source, device, dtype)
     assert isinstance(model, DSparkModel)  # a DeepSpec config is dspark or dflash (deepspec_draft_config)
@@ -294,15 +307,22 @@ def _build_and_load(
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     check_tensors(expected, {name: tuple(t.shape) for name, t in tensors.items()}, source, _describe(config))
     dtype = dtype or tensors["fc.weight"].dtype
-    model.load_state_dict({name: t.to(dtype) for name, t in tensors.items()}, strict=True, assign=True)
+    model.load_state_dict({name: t.to(_float_dtype(t, dtype)) for name, t in tensors.items()}, strict=True, assign=True)
     model = model.to(device)
     model.embed_tokens.weight.requires_grad_(False)  # frozen copies of the target's
     model.lm_head.weight.requires_grad_(False)
     return model.eval()
 
 
+def _float_dtype(tensor: Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """`dtype` for a floating-point tensor; an integer one (a draft vocabulary's ids) keeps its own."""
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+
 def _describe(config: DraftConfig) -> str:
     parts = [f"{config.num_layers} layers", f"hidden {config.hidden_size}", f"vocab {config.vocab_size}"]
+    if config.draft_vocab_size is not None:
+        parts.append(f"draft vocabulary {config.draft_vocab_size}")
     if config.head != "none":
         parts.append(f"{config.head} head, rank {config.markov_rank}")
     if config.confidence_head:
@@ -339,6 +359,8 @@ def _fill_shared_embeddings(tensors: dict[str, Tensor], source: str, target: Any
             "pass target= (a TargetModel or Hugging Face causal LM) to copy them in"
         )
     embed, lm_head = _target_embedding_weights(target)
+    if DRAFT_VOCAB_TENSOR in tensors:  # a reduced draft vocabulary: the head's rows of its tokens
+        lm_head = lm_head[tensors[DRAFT_VOCAB_TENSOR].to(lm_head.device)]
     for name, weight in zip(SHARED_WITH_TARGET, (embed, lm_head)):
         if name in shared:
             tensors[name] = weight.detach().to("cpu").clone()

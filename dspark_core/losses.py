@@ -11,6 +11,11 @@
 - Each term is a weighted mean over (block, position) with weights w_k = exp(−k/decay) times the
   validity mask (label inside the sequence, block not padding), normalised by Σw.
 - DFlash and the Eagle3-style baseline train with CE only (`CE_ONLY`).
+- A draft with a reduced vocabulary (`DraftConfig.draft_vocab_size`) has logits over its own tokens only and
+  proposes nothing else: p_d is 0 outside them. The caller then passes the target's log-probabilities at the
+  draft's tokens (`target_log_probs`, normalised over the whole target vocabulary), so ‖p_d − p_t‖₁ gains the
+  target mass outside the draft vocabulary and α stays Σ min(p_d, p_t) over the whole vocabulary; labels
+  outside the draft vocabulary (−1) leave the CE term, which has nothing to push there, but not L1 or BCE.
 """
 
 from __future__ import annotations
@@ -48,21 +53,26 @@ def position_weights(num_positions: int, decay: float, device: torch.device | st
     return torch.exp(-torch.arange(num_positions, device=device, dtype=torch.float32) / float(decay))
 
 
-def acceptance_probability(draft_probs: Tensor, target_probs: Tensor) -> tuple[Tensor, Tensor]:
-    """→ (‖p_d − p_t‖₁ [...], α = clamp(1 − ½‖·‖₁, 0, 1) [...]) over the last (vocab) axis."""
+def acceptance_probability(draft_probs: Tensor, target_probs: Tensor, *, partial: bool = False) -> tuple[Tensor, Tensor]:
+    """→ (‖p_d − p_t‖₁ [...], α = clamp(1 − ½‖·‖₁, 0, 1) [...]) over the last (vocab) axis. `partial`: the
+    vocabulary axis is the draft's reduced one (p_d is 0 elsewhere), so the target's mass outside it, 1 − Σ p_t,
+    is part of the distance."""
     l1 = (draft_probs - target_probs).abs().sum(-1)
+    if partial:
+        l1 = l1 + (1.0 - target_probs.sum(-1)).clamp(min=0.0)
     return l1, (1.0 - 0.5 * l1).clamp(0.0, 1.0)
 
 
 def draft_loss(
-    logits: Tensor,  # [N, K, V] draft logits (head-corrected)
-    labels: Tensor,  # [N, K] long: true next token of each position (any value where invalid)
+    logits: Tensor,  # [N, K, V] draft logits (head-corrected), V the draft vocabulary
+    labels: Tensor,  # [N, K] long: true next token of each position as a draft index (any value where invalid; −1: outside the draft vocabulary)
     valid: Tensor,  # [N, K] bool
-    target_logits: Tensor | None = None,  # [N, K, V] the target's logits at the same positions
+    target_logits: Tensor | None = None,  # [N, K, V] the target's logits at the same positions (or log-probs: below)
     confidence_logits: Tensor | None = None,  # [N, K] c_k before the sigmoid
     *,
     weights: LossWeights = DSPARK_WEIGHTS,
     decay: float = 4.0,
+    target_log_probs: bool = False,  # target_logits are log p_t at a reduced draft vocabulary's tokens
 ) -> DraftLoss:
     num_blocks, num_pos, vocab = logits.shape
     w = position_weights(num_pos, decay, logits.device)[None, :] * valid.float()  # [N, K]
@@ -72,14 +82,17 @@ def draft_loss(
         return (x * w).sum() / w_sum
 
     logits = logits.float()
-    safe_labels = torch.where(valid, labels, torch.zeros_like(labels))
+    in_vocab = labels >= 0
+    safe_labels = torch.where(valid & in_vocab, labels, torch.zeros_like(labels))
     ce = F.cross_entropy(logits.reshape(-1, vocab), safe_labels.reshape(-1), reduction="none").view(num_blocks, num_pos)
-    ce_mean = wmean(ce)
+    w_ce = w * in_vocab.float()
+    ce_mean = (ce * w_ce).sum() / w_ce.sum().clamp(min=1e-12)
     total = weights.ce * ce_mean
     nan = float("nan")
     l1_mean = bce_mean = acc_mean = None
     if target_logits is not None:
-        l1, alpha = acceptance_probability(torch.softmax(logits, -1), torch.softmax(target_logits.float(), -1))
+        target_probs = target_logits.float().exp() if target_log_probs else torch.softmax(target_logits.float(), -1)
+        l1, alpha = acceptance_probability(torch.softmax(logits, -1), target_probs, partial=target_log_probs)
         l1_mean, acc_mean = wmean(l1), wmean(alpha.detach())
         if weights.l1:
             total = total + weights.l1 * l1_mean

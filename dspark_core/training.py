@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
@@ -196,8 +196,9 @@ def dspark_loss(
     batch = make_block_batch(sequences, anchors, config.block_size or model.config.block_size, model.config.mask_token_id, device)
     logits, conf = dspark_block_forward(model, batch)
     return draft_loss(
-        logits, batch.labels, batch.valid, batch.target_logits, conf,
+        logits, model.to_draft_ids(batch.labels), batch.valid, batch.target_logits, conf,
         weights=config.loss_weights or default_loss_weights(model), decay=config.decay,
+        target_log_probs=model.draft_to_target is not None,
     )
 
 
@@ -280,9 +281,10 @@ def eagle3_loss(
     tl = target_logits[rows, at]
     N, V = at.shape[1], logits.shape[-1]
     return draft_loss(
-        logits.reshape(S * N, J, V), labels.reshape(S * N, J).to(device), valid.reshape(S * N, J).to(device),
-        tl.reshape(S * N, J, V).to(device), None,
+        logits.reshape(S * N, J, V), model.to_draft_ids(labels.reshape(S * N, J).to(device)),
+        valid.reshape(S * N, J).to(device), tl.reshape(S * N, J, V).to(device), None,
         weights=config.loss_weights or default_loss_weights(model), decay=config.decay,
+        target_log_probs=model.draft_to_target is not None,
     )
 
 
@@ -309,10 +311,24 @@ def _check(cache: TargetCache, model: TargetFedDraft) -> list[TargetSequence]:
     if model.embed_tokens.weight.requires_grad or model.lm_head.weight.requires_grad:
         raise ValueError("embed_tokens/lm_head must be frozen copies of the target's: call "
                          "model.copy_target_embeddings(target.input_embeddings(), target.output_embeddings()) first")
+    if cache.vocab_size != c.vocab_size:
+        raise ValueError(f"target cache logits cover {cache.vocab_size} tokens, the draft's target vocabulary is {c.vocab_size}")
     usable = [s for s in cache.sequences if s.num_anchors > 0]
     if not usable:
         raise ValueError("no sequence in the target cache has an answer token to anchor on")
-    return usable
+    return draft_vocab_sequences(usable, model)
+
+
+def draft_vocab_sequences(sequences: Sequence[TargetSequence], model: TargetFedDraft) -> list[TargetSequence]:
+    """The sequences as the loss reads them. With a reduced draft vocabulary, each one's `logits` become the
+    target's log-probabilities (normalised over its whole vocabulary) at the draft's tokens, computed once per
+    run in the cache's dtype: every step then touches the draft vocabulary's columns only, not 49 k of them,
+    which is most of a step's cost on a large vocabulary (the LM head, softmax and L1 over every position)."""
+    index = model.draft_to_target
+    if index is None:
+        return list(sequences)
+    index = index.cpu()
+    return [replace(s, logits=torch.log_softmax(s.logits.float(), -1)[:, index].to(s.logits.dtype)) for s in sequences]
 
 
 def train_draft(cache: TargetCache, model: TargetFedDraft, config: TrainConfig) -> TrainResult:

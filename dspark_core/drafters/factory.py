@@ -26,8 +26,10 @@ def draft_config_for(
     block_size: int = 7,
     target_layer_ids: tuple[int, ...] | None = None,
     num_target_features: int = 5,
+    draft_vocab_size: int | None = None,
 ) -> DraftConfig:
-    """A draft shaped like the target (as DeepSpec builds it): same hidden size, heads and vocabulary."""
+    """A draft shaped like the target (as DeepSpec builds it): same hidden size, heads and vocabulary (or
+    `draft_vocab_size` of its tokens: set them with `TargetFedDraft.set_draft_vocabulary`)."""
     t: Any = getattr(target.config, "text_config", None) or target.config  # a transformers config: dynamic fields
     if method not in ("dspark", "dflash", "eagle3"):
         raise ValueError(f"{method!r} is not a trainable drafter; valid: dspark, dflash, eagle3")
@@ -51,6 +53,7 @@ def draft_config_for(
         confidence_head=(is_dspark and head != "none") if confidence_head is None else confidence_head,
         rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6),
         rope_theta=float(rope),
+        draft_vocab_size=draft_vocab_size,
     )
 
 

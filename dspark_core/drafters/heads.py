@@ -13,12 +13,16 @@ from torch import Tensor, nn
 
 
 class MarkovHead(nn.Module):
-    """B_k(a, ·) = W1[a] · W2 (the paper's default, rank r = 256)."""
+    """B_k(a, ·) = W1[a] · W2 (the paper's default, rank r = 256).
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int):
+    W1 is indexed by the previous *target* token (the anchor may be any token), W2 maps onto the draft
+    vocabulary (`output_size`, the LM head's rows; the whole vocabulary unless the draft has a reduced
+    one): vLLM's `markov_w1` [vocab, r] and `markov_w2` [draft_vocab, r]."""
+
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, output_size: int | None = None):
         super().__init__()
         self.markov_w1 = nn.Embedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        self.markov_w2 = nn.Linear(rank, output_size or vocab_size, bias=False)
         nn.init.normal_(self.markov_w1.weight, std=0.02)
         nn.init.zeros_(self.markov_w2.weight)  # untrained head adds nothing: starts as DFlash
 
@@ -26,15 +30,15 @@ class MarkovHead(nn.Module):
         return None
 
     def bias(self, prev_ids: Tensor, h: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """prev_ids [...], h [..., hidden] → bias [..., vocab], next state."""
+        """prev_ids [...] (target ids), h [..., hidden] → bias [..., draft vocab], next state."""
         return self.markov_w2(self.markov_w1(prev_ids)), state
 
 
 class GatedMarkovHead(MarkovHead):
     """W2(σ(gate([h ; W1[a]])) ⊙ W1[a]): lets the backbone state decide how much the bigram matters."""
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int):
-        super().__init__(vocab_size, rank, hidden_size)
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, output_size: int | None = None):
+        super().__init__(vocab_size, rank, hidden_size, output_size)
         self.gate_proj = nn.Linear(hidden_size + rank, rank)
 
     def bias(self, prev_ids: Tensor, h: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -50,8 +54,8 @@ class RNNHead(MarkovHead):
     bias = W2(tanh(o)). s_0 = 0 at the anchor.
     """
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int):
-        super().__init__(vocab_size, rank, hidden_size)
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, output_size: int | None = None):
+        super().__init__(vocab_size, rank, hidden_size, output_size)
         self.rank = rank
         self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
 

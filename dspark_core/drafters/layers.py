@@ -133,7 +133,12 @@ class DraftDecoderLayer(nn.Module):
 class TargetFedDraft(nn.Module):
     """What every model drafter shares: the target's vocabulary (`embed_tokens`, `lm_head`: frozen
     copies), the fused-feature input (`fc` over the concatenated target layers, then `hidden_norm`),
-    a stack of decoder layers and a final `norm`."""
+    a stack of decoder layers and a final `norm`.
+
+    With a reduced draft vocabulary (`config.draft_vocab_size`), `lm_head` holds only the target's rows
+    listed by the `draft_to_target` buffer (ascending target ids, vLLM's `d2t` as absolute ids): the draft
+    samples an index into that list, and proposes the target token it names with probability 0 for every
+    token outside it, which rejection sampling handles as it does any draft distribution (lossless)."""
 
     def __init__(self, config):
         super().__init__()
@@ -149,15 +154,54 @@ class TargetFedDraft(nn.Module):
             for _ in range(c.num_layers)
         )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.lm_head = nn.Linear(c.hidden_size, c.output_vocab_size, bias=False)
+        self.draft_to_target: Tensor | None
+        if c.draft_vocab_size is not None:
+            self.register_buffer("draft_to_target", torch.arange(c.draft_vocab_size, dtype=torch.long))
+        else:
+            self.draft_to_target = None
+
+    def set_draft_vocabulary(self, target_ids: Tensor) -> None:
+        """The target tokens the draft may propose (distinct, in [0, vocab)); stored ascending. Call before
+        `copy_target_embeddings`, which takes the LM head rows of exactly these tokens."""
+        if self.draft_to_target is None:
+            raise ValueError("this draft has the full vocabulary: build it with draft_vocab_size set")
+        ids = torch.unique(torch.as_tensor(target_ids, dtype=torch.long).flatten())  # sorted
+        if ids.numel() != self.config.draft_vocab_size or int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"a draft vocabulary of {self.config.draft_vocab_size} distinct target ids in "
+                             f"[0, {self.config.vocab_size}) is needed, got {ids.numel()} distinct")
+        self.draft_to_target.copy_(ids.to(self.draft_to_target.device))
 
     def copy_target_embeddings(self, embed: nn.Embedding, lm_head: nn.Module) -> None:
-        """Copy and freeze the target's embeddings and LM head (never trained with the draft)."""
+        """Copy and freeze the target's embeddings and LM head (never trained with the draft); with a
+        reduced draft vocabulary, the head's rows of the draft's tokens."""
+        weight = lm_head.weight
+        assert isinstance(weight, Tensor)
         with torch.no_grad():
             self.embed_tokens.weight.copy_(embed.weight)
-            self.lm_head.weight.copy_(lm_head.weight)
+            self.lm_head.weight.copy_(weight if self.draft_to_target is None else weight[self.draft_to_target.to(weight.device)])
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
+
+    def to_target_ids(self, draft_ids: Tensor) -> Tensor:
+        """Indices into the draft vocabulary → the target token ids they name (identity for the full one)."""
+        return draft_ids if self.draft_to_target is None else self.draft_to_target[draft_ids]
+
+    def to_draft_ids(self, target_ids: Tensor) -> Tensor:
+        """Target token ids → indices into the draft vocabulary, −1 for a token outside it (training labels)."""
+        if self.draft_to_target is None:
+            return target_ids
+        index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=target_ids.device)
+        index[self.draft_to_target.to(target_ids.device)] = torch.arange(len(self.draft_to_target), device=target_ids.device)
+        return index[target_ids]
+
+    def full_vocab_probs(self, probs: Tensor) -> Tensor:
+        """Draft probabilities [..., draft vocab] → [..., target vocab], zero outside the draft vocabulary:
+        the distribution the verifier's rejection sampling needs."""
+        if self.draft_to_target is None:
+            return probs
+        out = probs.new_zeros(*probs.shape[:-1], self.config.vocab_size)
+        return out.index_copy_(-1, self.draft_to_target, probs)
 
     def fuse(self, features: Tensor) -> Tensor:
         """[..., n·target_hidden] raw target hidden states → [..., hidden] context features."""

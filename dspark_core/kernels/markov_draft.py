@@ -200,12 +200,18 @@ def markov_draft(
     w2: Tensor | None,  # [V, rank]
     conf_weight: Tensor | None,  # [1, hidden + rank] (None: no confidence head)
     conf_bias: Tensor | None,  # [1]
+    draft_to_target: Tensor | None = None,  # [V] long: a reduced draft vocabulary's target ids (None: the whole)
     block_r: int | None = None,
     block_v: int | None = None,
     block_k: int | None = None,
     block_v_sample: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Launch the 2γ kernels: → token ids [R, n] long, draft probs [R, n, V] fp32, confidence logits [R, n] fp32."""
+    """Launch the 2γ kernels: → token ids [R, n] long, draft probs [R, n, V] fp32, confidence logits [R, n] fp32.
+
+    V is the draft vocabulary (the LM head's rows), and the probs are over it. With `draft_to_target`, the kernels
+    sample indices into it; each is mapped to its target id on the device before the next position reads it as
+    x_{k−1} (W1 and the confidence head are indexed by target ids), so the token ids returned are target ids.
+    Scattering the probs into the target's vocabulary is the caller's (`TargetFedDraft.full_vocab_probs`)."""
     num_rows, n, vocab = backbone_logits.shape
     device = backbone_logits.device
     has_bias = w1 is not None
@@ -248,6 +254,7 @@ def markov_draft(
     part_idx = torch.empty(num_rows, num_parts, dtype=torch.int32, device=device)
     conf_out = confs if confs is not None else part_max  # never written without a confidence head
     grid_logits = (num_parts, triton.cdiv(num_rows, block_r))
+    sampled = token_ids if draft_to_target is None else torch.empty_like(token_ids)  # draft indices
     for k in range(n):
         prev = anchor_ids if k == 0 else token_ids[:, k - 1]
         markov_logits_kernel[grid_logits](
@@ -259,11 +266,13 @@ def markov_draft(
             enable_fp_fusion=False, num_warps=4 if block_r <= 32 else 8,
         )
         markov_sample_kernel[(num_rows,)](
-            probs, part_max, part_sum, part_idx, temperatures, uniforms, token_ids, prev, h, w1, conf_w, conf_b,
+            probs, part_max, part_sum, part_idx, temperatures, uniforms, sampled, prev, h, w1, conf_w, conf_b,
             conf_out, k, vocab, num_parts, hidden, rank, GREEDY_TEMPERATURE,
-            probs.stride(0), probs.stride(1), uniforms.stride(0), token_ids.stride(0), prev.stride(0),
+            probs.stride(0), probs.stride(1), uniforms.stride(0), sampled.stride(0), prev.stride(0),
             h.stride(0), h.stride(1), w1.stride(0), conf_out.stride(0),
             HAS_CONF=has_conf, BLOCK_V=block_v_sample, BLOCK_P=block_p, BLOCK_H=block_h,
             enable_fp_fusion=False, num_warps=4,
         )
+        if draft_to_target is not None:  # a device gather, no host sync: the next position's x_{k−1}
+            token_ids[:, k] = draft_to_target[sampled[:, k]]
     return token_ids, probs, confs

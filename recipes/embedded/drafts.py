@@ -19,6 +19,7 @@ import torch
 
 from dspark_core.calibration import fit_sts
 from dspark_core.checkpoint import save_draft
+from dspark_core.draft_vocabulary import choose_draft_vocabulary, coverage, token_counts
 from dspark_core.drafters import as_drafter, build_draft_model, draft_config_for
 from dspark_core.generate import GenerationConfig, generate
 from dspark_core.target import TargetModel
@@ -64,6 +65,9 @@ class DraftPreset:
     target_dtype: str = "float32"
     train_autocast_bf16: bool = False
     cache_batch_size: int = 48
+    # A reduced draft vocabulary (dspark_core/draft_vocabulary.py): the tokens the target's cached answers use
+    # most. None: the target's whole vocabulary (the embedded default's 512 words need no reduction).
+    draft_vocab_size: int | None = None
 
 
 DRAFT_PRESETS = {
@@ -87,6 +91,8 @@ class DraftReport:
     heldout_loss: float
     heldout_acceptance: float  # mean analytic acceptance α at T = 1 on held-out sequences
     sts_temperatures: dict[str, list[float]] | None = None  # decoding temperature ("0", "1") → one per position
+    draft_vocab_size: int | None = None  # None: the target's whole vocabulary
+    draft_vocab_coverage: float | None = None  # share of held-out answer tokens inside the draft vocabulary
 
 
 def chat_prompt(tokenizer, user: str) -> list[int]:
@@ -187,15 +193,24 @@ def build_drafts(
     ))
     log(f"target cache: {len(cache)} sequences, {sum(s.num_tokens for s in cache.sequences)} tokens "
         f"in {time.perf_counter() - start:.0f} s")
+    vocab, vocab_coverage = None, None
+    if p.draft_vocab_size is not None:
+        vocab, vocab_coverage = choose_vocabulary(cache, heldout, corpus, tokenizer, p.draft_vocab_size)
+        configs = {name: replace(c, draft_vocab_size=p.draft_vocab_size) for name, c in configs.items()}
+        log(f"draft vocabulary: {p.draft_vocab_size} of {target.vocab_size} tokens, "
+            f"{100 * vocab_coverage:.2f}% of held-out answer tokens")
     reports = []
     for d in drafts:
-        kept = _kept_draft(Path(out_dir) / d.name, replace(p.train, seed=seed)) if work_dir is not None else None
+        kept = (_kept_draft(Path(out_dir) / d.name, replace(p.train, seed=seed), p.draft_vocab_size)
+                if work_dir is not None else None)
         if kept is not None:
             log(f"{d.name}: kept from an earlier run of this build ({Path(out_dir) / d.name})")
             reports.append(kept)
             continue
         torch.manual_seed(seed)
         model = build_draft_model(configs[d.name])
+        if vocab is not None:
+            model.set_draft_vocabulary(vocab)
         model.copy_target_embeddings(target.input_embeddings(), target.output_embeddings())
         train_cfg = replace(p.train, seed=seed)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=p.train_autocast_bf16):
@@ -209,6 +224,7 @@ def build_drafts(
             num_params_trainable=sum(t.numel() for t in model.parameters() if t.requires_grad),
             train_seconds=result.seconds, loss_first=result.losses[0], loss_last=result.losses[-1],
             heldout_loss=float(held.total), heldout_acceptance=float(held.acceptance), sts_temperatures=temps,
+            draft_vocab_size=p.draft_vocab_size, draft_vocab_coverage=vocab_coverage,
         )
         # bf16 on disk and no embeddings (shared with the target): the committed build stays small.
         save_draft(model, Path(out_dir) / d.name, dtype=torch.bfloat16, share_target_embeddings=True,
@@ -218,6 +234,18 @@ def build_drafts(
             f"{report.train_seconds:.0f} s")
         reports.append(report)
     return reports
+
+
+def choose_vocabulary(cache: TargetCache, heldout: TargetCache, corpus: Corpus, tokenizer, size: int) -> tuple[torch.Tensor, float]:
+    """The draft vocabulary: the `size` tokens the target's cached answers use most (ties: by their count in
+    the whole training corpus, then by id), stop tokens always in; and its coverage of the held-out answers,
+    which the choice never saw."""
+    vocab_size = cache.vocab_size
+    answers = token_counts((s.token_ids[s.prompt_len:] for s in cache.sequences), vocab_size)
+    text = token_counts((tokenizer(part, add_special_tokens=False)["input_ids"]
+                         for e in corpus.train for turn in e.turns for part in turn), vocab_size)
+    vocab = choose_draft_vocabulary(answers, size, secondary=text, always=stop_tokens(tokenizer))
+    return vocab, coverage(vocab, (s.token_ids[s.prompt_len:] for s in heldout.sequences))
 
 
 def _cache_key(corpus: Corpus, preset: DraftPreset, seed: int, target_dir, layer_ids) -> str:
@@ -248,15 +276,19 @@ def _kept(work_dir, name: str, key: str, log, build: Callable[[], TargetCache]) 
     return cache
 
 
-def _kept_draft(directory: Path, train_cfg: TrainConfig) -> DraftReport | None:
-    """The report of a draft this build already wrote with the same training config, else None. Only the
-    fields that shape this draft's training are compared: an `eagle3_*` field changes no DSpark draft."""
+def _kept_draft(directory: Path, train_cfg: TrainConfig, draft_vocab_size: int | None = None) -> DraftReport | None:
+    """The report of a draft this build already wrote with the same training config and draft vocabulary size,
+    else None. Only the fields that shape this draft's training are compared: an `eagle3_*` field changes no
+    DSpark draft."""
     import json
 
     path = directory / "draft_config.json"
     if not path.exists():
         return None
-    extra = json.loads(path.read_text()).get("extra", {})
+    written = json.loads(path.read_text())
+    if written.get("draft_vocab_size") != draft_vocab_size:
+        return None
+    extra = written.get("extra", {})
     if "training" not in extra or "train_config" not in extra:
         return None
     method = extra["training"].get("method")

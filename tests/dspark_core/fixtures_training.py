@@ -129,15 +129,19 @@ def eval_prompts(num: int = 16) -> list[list[int]]:
 
 
 def new_draft(method: str, head: str = "markov", *, confidence_head: bool | None = None, seed: int = 0,
-              num_layers: int | None = None):
-    """An untrained draft for the toy target, embeddings copied and frozen (the caller's job)."""
+              num_layers: int | None = None, draft_vocabulary: torch.Tensor | None = None):
+    """An untrained draft for the toy target, embeddings copied and frozen (the caller's job); over
+    `draft_vocabulary` (target ids) only, when given."""
     target = toy_target()
     config = draft_config_for(
         target, method, mask_token_id=MASK_TOKEN_ID, head=head, num_layers=num_layers or (1 if method == "eagle3" else 2),
         markov_rank=32, confidence_head=confidence_head, block_size=7, target_layer_ids=TARGET_LAYER_IDS,
+        draft_vocab_size=None if draft_vocabulary is None else len(draft_vocabulary),
     )
     torch.manual_seed(seed)
     model = build_draft_model(config)
+    if draft_vocabulary is not None:
+        model.set_draft_vocabulary(draft_vocabulary)
     model.copy_target_embeddings(target.input_embeddings(), target.output_embeddings())
     return model
 

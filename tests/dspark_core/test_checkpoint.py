@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from dspark_core.checkpoint import (
     save_draft,
 )
 from dspark_core.drafters import DraftStep, DSparkModel, as_drafter, build_draft_model, draft_config_for
+from dspark_core.target import TargetModel
 
 MASK = 95
 LAYER_IDS = (0, 2)  # the tiny target has 4 layers: ids -1 … 2 are valid features
@@ -339,8 +341,10 @@ def test_deepspec_head_type_mapping_and_refusals(qwen3_target):
         deepspec_draft_config(dict(hf, model_type="gemma4"))
     with pytest.raises(ValueError, match="rope type 'yarn'"):
         deepspec_draft_config(dict(hf, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6}))
-    with pytest.raises(ValueError, match="draft_vocab_size"):
-        deepspec_draft_config(dict(hf, draft_vocab_size=32))
+    assert deepspec_draft_config(dict(hf, draft_vocab_size=32)).draft_vocab_size == 32
+    assert deepspec_draft_config(dict(hf, draft_vocab_size=hf["vocab_size"])).draft_vocab_size is None
+    with pytest.raises(ValueError, match="draft_vocab_size 32 < vocab_size 96 but no d2t"):
+        deepspec_draft_config(dict(hf, draft_vocab_size=32), {"fc.weight": (32, 64)})
 
 
 def test_shared_embeddings_and_bf16_storage_round_trip(qwen3_target, tmp_path):
@@ -357,3 +361,82 @@ def test_shared_embeddings_and_bf16_storage_round_trip(qwen3_target, tmp_path):
     assert torch.equal(loaded.lm_head.weight, qwen3_target.output_embeddings().weight)
     assert torch.equal(loaded.fc.weight, model.fc.weight.to(torch.bfloat16).float())
     assert not loaded.embed_tokens.weight.requires_grad
+
+
+# --- a reduced draft vocabulary -----------------------------------------------------------------------
+
+
+def _subvocab_model(target, method, head="markov", size=None, seed=3):
+    """A random draft over `size` (default half) of the target's tokens, a fixed random choice."""
+    ids = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(seed))[: size or target.vocab_size // 2]
+    model = _model(replace(_config(target, method, head), draft_vocab_size=len(ids)))
+    model.set_draft_vocabulary(ids)
+    return model
+
+
+@pytest.mark.parametrize("method,head", [("dspark", "markov"), ("dspark", "rnn"), ("dflash", "none"), ("eagle3", "none")])
+def test_reduced_vocabulary_round_trip_and_proposals(qwen3_target, tmp_path, method, head):
+    model = _subvocab_model(qwen3_target, method, head)
+    assert model.lm_head.weight.shape == (48, 32)
+    save_draft(model, tmp_path)
+    loaded = load_draft(tmp_path)
+    assert loaded.config.draft_vocab_size == 48 and loaded.draft_to_target.dtype == torch.long
+    _assert_same_tensors(model, loaded)
+    _assert_same_proposals(model, loaded)
+    proposal = _propose(loaded)
+    vocab = set(model.draft_to_target.tolist())
+    assert set(proposal.token_ids.flatten().tolist()) <= vocab
+    assert proposal.draft_probs.shape[-1] == qwen3_target.vocab_size  # over the target's vocabulary
+    outside = torch.tensor([t not in vocab for t in range(qwen3_target.vocab_size)])
+    assert proposal.draft_probs[..., outside].abs().max() == 0
+    assert torch.allclose(proposal.draft_probs.sum(-1), torch.ones(()), atol=1e-5)
+    drafted = proposal.draft_probs.gather(-1, proposal.token_ids[..., None]).squeeze(-1)
+    assert bool((drafted > 0).all())  # each drafted token has the probability it was drawn with
+
+
+def test_reduced_vocabulary_shares_the_target_head_rows_and_keeps_its_ids_exact_in_bf16(tmp_path):
+    """Ids above 256 are not representable in bf16: a save or load that cast them would move tokens."""
+    from conftest import tiny_qwen3
+
+    target = TargetModel(tiny_qwen3(vocab_size=600))
+    model = _subvocab_model(target, "dspark", size=300)
+    assert int(model.draft_to_target.max()) > 257
+    model.copy_target_embeddings(target.input_embeddings(), target.output_embeddings())
+    head_rows = target.output_embeddings().weight[model.draft_to_target]
+    assert torch.equal(model.lm_head.weight, head_rows)
+    save_draft(model, tmp_path, dtype=torch.bfloat16, share_target_embeddings=True)
+    stored = load_file(str(tmp_path / WEIGHTS_FILE))
+    assert "lm_head.weight" not in stored and stored["draft_to_target"].dtype == torch.long
+    assert torch.equal(stored["draft_to_target"], model.draft_to_target)
+    loaded = load_draft(tmp_path, dtype=torch.float32, target=target)
+    assert torch.equal(loaded.draft_to_target, model.draft_to_target)
+    assert torch.equal(loaded.lm_head.weight, head_rows)
+
+
+def test_draft_vocabulary_must_be_distinct_ids_of_the_right_count(qwen3_target):
+    model = _subvocab_model(qwen3_target, "dspark")
+    with pytest.raises(ValueError, match="48 distinct target ids in \\[0, 96\\).*got 47 distinct"):
+        model.set_draft_vocabulary(torch.cat([torch.arange(47), torch.tensor([0])]))
+    with pytest.raises(ValueError, match="got 48 distinct"):
+        model.set_draft_vocabulary(torch.arange(50, 98))  # 96, 97 are outside the vocabulary
+    with pytest.raises(ValueError, match="full vocabulary"):
+        _model(_config(qwen3_target, "dspark")).set_draft_vocabulary(torch.arange(48))
+    with pytest.raises(ValueError, match="draft_vocab_size must lie in \\[1, vocab_size = 96\\]"):
+        replace(_config(qwen3_target, "dspark"), draft_vocab_size=97)
+
+
+def test_deepspec_reduced_vocabulary_reads_vllm_d2t_offsets(qwen3_target, tmp_path):
+    model = _subvocab_model(qwen3_target, "dspark")
+    ids = model.draft_to_target
+    hf = _deepspec_config(qwen3_target, model.config, draft_vocab_size=48)
+    tensors = {k: v for k, v in model.state_dict().items() if k != "draft_to_target"}
+    tensors["d2t"] = ids - torch.arange(48)  # vLLM: target id = draft index + d2t[index]
+    _write_deepspec(tmp_path / "ok", hf, tensors)
+    loaded = load_deepspec_draft(tmp_path / "ok")
+    assert loaded.config.draft_vocab_size == 48
+    _assert_same_tensors(model, loaded)
+    _assert_same_proposals(model, loaded)
+    del tensors["d2t"]
+    _write_deepspec(tmp_path / "no-d2t", hf, tensors)
+    with pytest.raises(ValueError, match="no d2t tensor"):
+        load_deepspec_draft(tmp_path / "no-d2t")

@@ -109,3 +109,33 @@ def test_bce_label_is_detached():
     logits.grad = None
     draft_loss(logits, labels, valid, target_logits, conf.detach()).total.backward()
     assert torch.count_nonzero(logits.grad) > 0
+
+
+def test_reduced_vocabulary_loss_is_the_whole_vocabulary_distance():
+    """A draft over 4 of 7 tokens: its L1, α and BCE are those of its distribution zero-padded to the whole
+    vocabulary against the target's; CE covers only the labels it can propose."""
+    logits, target_logits, labels, conf, valid = _example(vocab=7, num_pos=4)
+    labels[1, 2] = 3  # a valid-looking label where invalid: still ignored
+    ids = torch.tensor([0, 2, 3, 6])
+    to_draft = torch.full((7,), -1)
+    to_draft[ids] = torch.arange(4)
+    draft_labels = to_draft[labels.clamp(max=6)]
+    assert bool((draft_labels == -1).any()) and bool((draft_labels >= 0).any())
+    loss = draft_loss(logits[..., ids], draft_labels, valid, torch.log_softmax(target_logits, -1)[..., ids], conf,
+                      target_log_probs=True)
+
+    q = torch.zeros_like(target_logits)
+    q[..., ids] = torch.softmax(logits[..., ids], -1)
+    p = torch.softmax(target_logits, -1)
+    l1 = (q - p).abs().sum(-1)
+    alpha = (1 - l1 / 2).clamp(0, 1)
+    w = position_weights(4, 4.0)[None].double() * valid
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(conf, alpha, reduction="none")
+    ce_w = w * (draft_labels >= 0)
+    ce = -torch.log(q.gather(-1, labels.clamp(max=6)[..., None]).squeeze(-1).clamp(min=1e-300))
+    assert loss.l1 == pytest.approx(float((l1 * w).sum() / w.sum()), rel=1e-6)
+    assert loss.acceptance == pytest.approx(float((alpha * w).sum() / w.sum()), rel=1e-6)
+    assert loss.bce == pytest.approx(float((bce * w).sum() / w.sum()), rel=1e-6)
+    assert loss.ce == pytest.approx(float((torch.where(ce_w > 0, ce, 0) * ce_w).sum() / ce_w.sum()), rel=1e-6)
+    # alpha is also Σ min(q, p) over the whole vocabulary
+    assert loss.acceptance == pytest.approx(float((torch.minimum(q, p).sum(-1) * w).sum() / w.sum()), rel=1e-6)

@@ -114,12 +114,31 @@ def _draft_model(target: TargetModel, method: str, head: str = "markov", seed: i
     return build_draft_model(cfg).eval()
 
 
-def random_draft(method: str, head: str = "markov", seed: int = 0, markov_scale: float = 1.0):
+def draft_vocabulary(vocab: int, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """A reduced draft vocabulary: half the target's tokens (at least every one in `keep`), the others a
+    fixed random choice, so the draft has probability 0 on the rest and the verifier must still emit them."""
+    kept = set((keep if keep is not None else torch.empty(0, dtype=torch.long)).tolist())
+    size = max(vocab // 2, len(kept))
+    rest = [t for t in torch.randperm(vocab, generator=torch.Generator().manual_seed(5)).tolist() if t not in kept]
+    return torch.tensor(sorted(kept | set(rest[: size - len(kept)])))
+
+
+def _subvocab_draft_model(target: TargetModel, method: str, head: str, keep: torch.Tensor | None = None, **kw):
+    ids = draft_vocabulary(target.vocab_size, keep)
+    model = _draft_model(target, method, head, draft_vocab_size=len(ids), **kw)
+    model.set_draft_vocabulary(ids)
+    return model
+
+
+def random_draft(method: str, head: str = "markov", seed: int = 0, markov_scale: float = 1.0, subvocab: bool = False):
     """An untrained draft; `markov_scale` > 0 gives the (zero-initialised) Markov W2 random weights so
-    that p_d really depends on the previously drafted token."""
+    that p_d really depends on the previously drafted token. `subvocab`: over half the target's tokens."""
 
     def build(target: TargetModel, bigram: torch.Tensor) -> Drafter:
-        model = _draft_model(target, method, head, seed, markov_rank=8)
+        if subvocab:
+            model = _subvocab_draft_model(target, method, head, seed=seed, markov_rank=8)
+        else:
+            model = _draft_model(target, method, head, seed, markov_rank=8)
         if isinstance(model, DSparkModel) and model.markov_head is not None and markov_scale:
             with torch.no_grad():
                 model.markov_head.markov_w1.weight.normal_(0, 1)
@@ -143,6 +162,23 @@ def _bigram_lm_head(model: DSparkModel | Eagle3Model, bigram: torch.Tensor, stre
     y = torch.full((vocab, vocab), -strength / vocab)
     y[torch.arange(vocab), bigram] = strength
     model.lm_head.weight.copy_(torch.linalg.lstsq(x, y).solution.T)
+
+
+def good_subvocab_draft():
+    """The good DSpark-Markov draft over a reduced vocabulary that holds every bigram successor (and half
+    the vocabulary in all): W2 is one-hot on the draft index of bigram[a]."""
+
+    def build(target: TargetModel, bigram: torch.Tensor) -> Drafter:
+        vocab = target.vocab_size
+        model = _subvocab_draft_model(target, "dspark", "markov", keep=bigram, markov_rank=vocab)
+        h = model.markov_head
+        with torch.no_grad():
+            h.markov_w1.weight.copy_(torch.eye(vocab))
+            h.markov_w2.weight.zero_()
+            h.markov_w2.weight[model.to_draft_ids(bigram), torch.arange(vocab)] = 30.0
+        return as_drafter(model)
+
+    return build
 
 
 def good_draft(method: str, head: str = "markov"):
@@ -197,6 +233,10 @@ GREEDY_DRAFTERS = [
     DrafterCase("dspark-rnn-good", good_draft("dspark", "rnn"), min_acceptance=0.5, has_confidence=True),
     DrafterCase("dflash-good", good_draft("dflash"), min_acceptance=0.4),
     DrafterCase("eagle3-good", good_draft("eagle3"), min_acceptance=0.4),
+    # Reduced draft vocabularies (half the target's tokens; the others have draft probability 0)
+    DrafterCase("dspark-markov-subvocab", random_draft("dspark", "markov", subvocab=True), has_confidence=True),
+    DrafterCase("eagle3-subvocab", random_draft("eagle3", "none", subvocab=True)),
+    DrafterCase("dspark-markov-subvocab-good", good_subvocab_draft(), min_acceptance=0.5, has_confidence=True),
     DrafterCase("bad", lambda t, b: PeakedWrongDrafter(t.vocab_size)),
 ]
 
@@ -426,11 +466,15 @@ SAMPLING_DRAFTERS = [
     DrafterCase("dspark-markov", random_draft("dspark", "markov", markov_scale=1.0), has_confidence=True),
     DrafterCase("dflash", random_draft("dflash", "none")),
     DrafterCase("eagle3", random_draft("eagle3", "none")),
+    # Reduced draft vocabularies: half the tokens have draft probability 0 (the residual alone emits them)
+    DrafterCase("dspark-markov-subvocab", random_draft("dspark", "markov", subvocab=True), has_confidence=True),
+    DrafterCase("eagle3-subvocab", random_draft("eagle3", "none", subvocab=True)),
     DrafterCase("bad", lambda t, b: PeakedWrongDrafter(t.vocab_size)),
 ]
 # The default run keeps a control (`none`: the sampler and the enumeration agree), the bad draft, and one
 # case per other drafter kind across both temperatures and γ; the rest of the matrix is `slow`.
-FAST_SAMPLING = {("none", 3, 1.0), ("bad", 3, 1.0), ("dspark-markov", 3, 0.7), ("eagle3", 1, 1.0), ("ngram", 3, 1.0)}
+FAST_SAMPLING = {("none", 3, 1.0), ("bad", 3, 1.0), ("dspark-markov", 3, 0.7), ("eagle3", 1, 1.0), ("ngram", 3, 1.0),
+                 ("dspark-markov-subvocab", 3, 1.0), ("eagle3-subvocab", 3, 0.7)}
 FAST_BROKEN = {("accept_u_below_p_t", "bad"), ("recover_from_p_t", "dspark-markov")}
 
 
@@ -495,7 +539,7 @@ def verify_accepting_below_target_prob(target_logits, draft_token_ids, cu_num_dr
 
 def _broken_params():
     for broken in ("accept_u_below_p_t", "recover_from_p_t"):
-        for case_id in ("bad", "dspark-markov"):
+        for case_id in ("bad", "dspark-markov", "dspark-markov-subvocab"):
             marks = () if (broken, case_id) in FAST_BROKEN else (pytest.mark.slow,)
             yield pytest.param(broken, case_id, marks=marks, id=f"{broken}-{case_id}")
 

@@ -11,6 +11,8 @@ from dspark_core.drafters.eagle3 import Eagle3Drafter
 from dspark_core.target_cache import TargetCache, TargetSequence, build_target_cache, record_sequences
 from dspark_core.training import (
     TrainConfig,
+    batch_loss,
+    draft_vocab_sequences,
     dspark_block_forward,
     eagle3_loss,
     eagle3_unroll_forward,
@@ -24,6 +26,7 @@ from dspark_core.training import (
 from fixtures_training import (
     MASK_TOKEN_ID,
     TARGET_LAYER_IDS,
+    VOCAB_SIZE,
     acceptance_length,
     eval_prompts,
     new_draft,
@@ -232,6 +235,48 @@ def test_every_variant_trains(method, head, confidence):
     assert math.isnan(result.history[0].bce) != confidence
     assert torch.equal(model.embed_tokens.weight, frozen[0]) and torch.equal(model.lm_head.weight, frozen[1])
     assert not torch.equal(model.fc.weight, fc)
+
+
+@pytest.mark.parametrize("method", ["dspark", "eagle3"])
+def test_a_draft_over_the_whole_vocabulary_in_draft_order_has_the_full_drafts_loss(method):
+    """draft_to_target = every token: the log-prob path (gathered once per run) gives the full draft's loss."""
+    full = new_draft(method, "markov" if method == "dspark" else "none")
+    mapped = new_draft(method, "markov" if method == "dspark" else "none", draft_vocabulary=torch.arange(VOCAB_SIZE))
+    mapped.load_state_dict(full.state_dict() | {"draft_to_target": torch.arange(VOCAB_SIZE)})
+    config = SMOKE
+    sequences = toy_cache().sequences[:4]
+    a = batch_loss(full, sequences, config, torch.Generator().manual_seed(0))
+    b = batch_loss(mapped, draft_vocab_sequences(sequences, mapped), config, torch.Generator().manual_seed(0))
+    for name in ("ce", "l1", "bce", "acceptance"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (math.isnan(x) and math.isnan(y)) or x == pytest.approx(y, rel=1e-3, abs=1e-4), name
+
+
+def test_a_reduced_vocabulary_draft_trains_and_proposes_only_its_tokens():
+    """Half the toy vocabulary, the tokens the cache's answers use most: loss falls, the head stays frozen."""
+    counts = torch.bincount(torch.cat([s.token_ids[s.prompt_len:] for s in toy_cache().sequences]), minlength=VOCAB_SIZE)
+    vocab = torch.sort(torch.argsort(counts, descending=True, stable=True)[: VOCAB_SIZE // 2]).values
+    model = new_draft("dspark", draft_vocabulary=vocab)
+    head = model.lm_head.weight.clone()
+    assert torch.equal(head, toy_target().output_embeddings().weight[vocab])
+    config = TrainConfig(steps=40, lr=6e-3, batch_size=8, anchors_per_sequence=16)
+    before = evaluate_draft(toy_cache(), model, config)
+    result = train_draft(toy_cache(), model, config)
+    after = evaluate_draft(toy_cache(), model, config)
+    print(f"reduced vocabulary: loss {float(before.total):.3f} → {float(after.total):.3f}, "
+          f"α {before.acceptance:.3f} → {after.acceptance:.3f}")
+    assert sum(result.losses[-5:]) < 0.85 * sum(result.losses[:5])
+    assert after.acceptance > before.acceptance + 0.2
+    assert torch.equal(model.lm_head.weight, head)
+    step = DraftStep(rows=torch.tensor([0]), token_ids=torch.zeros(1, 8, dtype=torch.long), num_tokens=torch.tensor([2]),
+                     num_drafts=5, temperatures=torch.tensor([1.0]), generators=[torch.Generator().manual_seed(1)])
+    drafter = DSparkDrafter(model)
+    state = drafter.start(1, 8)
+    drafter.observe(state, torch.tensor([0]), torch.zeros(1, 1, dtype=torch.long),
+                    toy_cache().sequences[0].features[None, :1], torch.tensor([1]))
+    proposal = drafter.propose(state, step)
+    assert set(proposal.token_ids.flatten().tolist()) <= set(vocab.tolist())
+    assert proposal.draft_probs.shape[-1] == VOCAB_SIZE
 
 
 def test_training_is_deterministic_and_checks_its_inputs():

@@ -45,10 +45,10 @@ def test_committed_drafts_fit_the_repository_budget():
     for d in REAL_DRAFTS:
         config = draft_config_for(target, d.method, mask_token_id=16, head=d.head, num_layers=d.num_layers,
                                   markov_rank=p.markov_rank, block_size=p.block_size,
-                                  num_target_features=p.num_target_features)
+                                  num_target_features=p.num_target_features, draft_vocab_size=p.draft_vocab_size)
         with torch.device("meta"):
             model = build_draft_model(replace(config, intermediate_size=p.intermediate_size))
-        stored += sum(t.numel() * 2 for n, t in model.state_dict().items()
+        stored += sum(t.numel() * (2 if t.is_floating_point() else t.element_size()) for n, t in model.state_dict().items()
                       if not any(n.endswith(s) for s in SHARED_WITH_TARGET))
     already = tracked_bytes() - sum(f.stat().st_size for f in (REPO / "models" / "smollm2-135m").rglob("*") if f.is_file()) \
         if (REPO / "models" / "smollm2-135m").exists() else tracked_bytes()
@@ -77,8 +77,11 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
     for d in REAL_DRAFTS:
         model = load_draft(out / "drafts" / d.name, target=target, dtype=torch.bfloat16)
         assert model.config.target_layer_ids == default_target_layer_ids(target.num_layers, 3)
+        assert model.config.draft_vocab_size == PRESETS["reduced"].drafts.draft_vocab_size
+        assert model.lm_head.weight.shape[0] == model.config.draft_vocab_size
     dspark = json.loads((out / "drafts" / "dspark" / "draft_config.json").read_text())
     assert dspark["extra"]["sts_temperatures"]  # fitted per decoding temperature
+    assert 0.5 < dspark["extra"]["training"]["draft_vocab_coverage"] <= 1.0
     rows = json.loads((out / "card.json").read_text())  # measured by the card suite's harness run
     assert {r["drafter"] for r in rows} == {"none", "ngram", "dspark", "dflash", "eagle3"}
     assert {r["temperature"] for r in rows} == {0.0, 1.0}

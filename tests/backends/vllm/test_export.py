@@ -26,11 +26,14 @@ def target_dir(tmp_path_factory, qwen3_target):
     return path
 
 
-def _draft(target, method, head="markov", seed=0, **kw):
+def _draft(target, method, head="markov", seed=0, draft_vocabulary=None, **kw):
     config = draft_config_for(target, method, mask_token_id=MASK, head=head, num_layers=2, target_layer_ids=(0, 2),
-                              markov_rank=8, **kw)
+                              markov_rank=8, draft_vocab_size=None if draft_vocabulary is None else len(draft_vocabulary),
+                              **kw)
     torch.manual_seed(seed)
     model = build_draft_model(config)
+    if draft_vocabulary is not None:
+        model.set_draft_vocabulary(draft_vocabulary)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name not in ("embed_tokens.weight", "lm_head.weight"):
@@ -80,6 +83,32 @@ def test_round_trip_same_proposals(target, target_dir, tmp_path, method, confide
     assert torch.equal(a.draft_probs, b.draft_probs)
     if confidence:
         assert torch.allclose(a.confidence_logits, b.confidence_logits)
+
+
+@pytest.mark.parametrize("method", ["dspark", "dflash"])
+def test_reduced_vocabulary_exports_its_head_rows_and_d2t_offsets(target, target_dir, tmp_path, method):
+    """vLLM refuses a reduced vocabulary without its own lm_head and d2t (target id = index + d2t[index])."""
+    vocab = torch.randperm(96, generator=torch.Generator().manual_seed(4))[:40].sort().values
+    model = _draft(target, method, draft_vocabulary=vocab)
+    save_draft(model, tmp_path / "ours", share_target_embeddings=True)
+    report = export_vllm(tmp_path / "ours", tmp_path / "vllm", target_dir=target_dir)
+    assert report.shared_with_target == ("embed_tokens.weight",)
+    hf = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert hf["draft_vocab_size"] == 40 and hf["vocab_size"] == 96
+    stored = load_file(tmp_path / "vllm" / "model.safetensors")
+    assert "draft_to_target" not in stored and stored["d2t"].dtype == torch.long
+    assert torch.equal(stored["d2t"] + torch.arange(40), vocab)
+    assert torch.equal(stored["lm_head.weight"], target.output_embeddings().weight[vocab])
+    assert stored["markov_head.markov_w2.weight"].shape[0] == 40
+    assert vllm_tensor_shapes(hf)["d2t"] == (40,)
+    loaded = load_deepspec_draft(tmp_path / "vllm", target=target)
+    assert torch.equal(loaded.draft_to_target, vocab)
+    a, b = _greedy_proposals(model), _greedy_proposals(loaded)
+    assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.draft_probs, b.draft_probs)
+    del stored["d2t"]
+    save_file(stored, tmp_path / "vllm" / "model.safetensors")
+    with pytest.raises(ValueError, match="missing tensors \\(1\\): d2t"):
+        check_vllm_checkpoint(tmp_path / "vllm")
 
 
 def test_dflash_exports_as_a_zero_markov_head(target, target_dir, tmp_path):

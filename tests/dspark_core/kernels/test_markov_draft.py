@@ -21,15 +21,19 @@ pytest.importorskip("triton")
 TEMPERATURES = [1.0, 0.0, 0.6, 1.3, 0.0, 0.8, 2.0]  # greedy rows mixed in
 
 
-def _model(vocab: int, head: str, dtype: torch.dtype, rank: int = 24, hidden: int = 32, seed: int = 0) -> DSparkModel:
+def _model(vocab: int, head: str, dtype: torch.dtype, rank: int = 24, hidden: int = 32, seed: int = 0,
+           draft_vocab: int | None = None) -> DSparkModel:
     torch.manual_seed(seed)
     method = "dspark" if head != "none" else "dflash"
     config = DraftConfig(
         method=method, vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=1,
         num_attention_heads=4, num_kv_heads=2, head_dim=8, target_hidden_size=hidden, target_layer_ids=(0,),
         mask_token_id=vocab - 1, head=head, markov_rank=rank, confidence_head=head != "none",
+        draft_vocab_size=draft_vocab,
     )
     model = DSparkModel(config).eval()
+    if draft_vocab is not None:  # a fixed random choice of the target's tokens
+        model.set_draft_vocabulary(torch.randperm(vocab, generator=torch.Generator().manual_seed(seed + 7))[:draft_vocab])
     with torch.no_grad():
         for p in model.parameters():
             if dtype == torch.bfloat16:  # a grid on which fp32 sums are exact
@@ -112,3 +116,18 @@ def test_other_heads_run_the_twin(triton_kernels, monkeypatch, head: str):
     monkeypatch.setattr(kernel_module, "markov_draft", lambda *a, **k: pytest.fail("the kernel has no such head"))
     model = _model(64, head, torch.float32)
     _check(model, 2, 3)
+
+
+@pytest.mark.parametrize("head", ["markov", "none"])
+@pytest.mark.parametrize("num_rows, n, vocab, draft_vocab", [(3, 7, 200, 72), (2, 3, 96, 40)])
+def test_reduced_draft_vocabulary_matches_twin(triton_kernels, head: str, num_rows: int, n: int, vocab: int,
+                                               draft_vocab: int):
+    """The kernels sample draft indices; W1 and the confidence head read x_{k−1} as a target id, and the
+    tokens and probabilities come back in the target's vocabulary, exactly as the twin's."""
+    model = _model(vocab, head, torch.float32, draft_vocab=draft_vocab)
+    _check(model, num_rows, n)
+    h, anchors, temps, uniforms = _inputs(model, num_rows, n)
+    with torch.no_grad():
+        tokens, probs, _ = draft_block(model, h, anchors, temps, uniforms)
+    assert probs.shape == (num_rows, n, vocab)
+    assert set(tokens.flatten().tolist()) <= set(model.draft_to_target.tolist())
