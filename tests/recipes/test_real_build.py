@@ -78,10 +78,8 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
         model = load_draft(out / "drafts" / d.name, target=target, dtype=torch.bfloat16)
         assert model.config.target_layer_ids == default_target_layer_ids(target.num_layers, 3)
         assert model.config.draft_vocab_size == PRESETS["reduced"].drafts.draft_vocab_size
-        assert model.lm_head.weight.shape[0] == model.config.draft_vocab_size
     dspark = json.loads((out / "drafts" / "dspark" / "draft_config.json").read_text())
     assert dspark["extra"]["sts_temperatures"]  # fitted per decoding temperature
-    assert 0.5 < dspark["extra"]["training"]["draft_vocab_coverage"] <= 1.0
     rows = json.loads((out / "card.json").read_text())  # measured by the card suite's harness run
     assert {r["drafter"] for r in rows} == {"none", "ngram", "dspark", "dflash", "eagle3"}
     assert {r["temperature"] for r in rows} == {0.0, 1.0}
