@@ -161,9 +161,10 @@ def deepspec_draft_config(
     if hf.get("use_aux_hidden_state") is False:
         raise refuse("use_aux_hidden_state false: our drafts always read the target's hidden states")
     vocab = _required(hf, "vocab_size")
-    draft_vocab = hf.get("draft_vocab_size")
-    reduced = draft_vocab is not None and int(draft_vocab) != int(vocab)
-    if reduced and tensor_shapes is not None and "d2t" not in tensor_shapes:
+    draft_vocab: int | None = int(hf["draft_vocab_size"]) if hf.get("draft_vocab_size") is not None else None
+    if draft_vocab == int(vocab):
+        draft_vocab = None  # the whole vocabulary, stated
+    if draft_vocab is not None and tensor_shapes is not None and "d2t" not in tensor_shapes:
         raise refuse(f"draft_vocab_size {draft_vocab} < vocab_size {vocab} but no d2t tensor maps its tokens")
     if hf.get("attention_bias"):
         raise refuse("attention_bias true: our draft attention has no biases")
@@ -193,7 +194,7 @@ def deepspec_draft_config(
         confidence_head=confidence,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         rope_theta=_rope_theta(hf),
-        draft_vocab_size=int(draft_vocab) if draft_vocab is not None and reduced else None,
+        draft_vocab_size=draft_vocab,
         extra=extra,
     )
 

@@ -215,10 +215,8 @@ def export_vllm(
     if draft_ids is not None:  # a reduced vocabulary: the head's rows of its tokens, and vLLM's d2t offsets
         lm_head = lm_head[draft_ids]
         tensors["d2t"] = draft_ids - torch.arange(len(draft_ids), dtype=draft_ids.dtype)
-    tensors, shared, notes = _embeddings(tensors, embed, lm_head, include_embeddings, source)
-    if draft_ids is not None and "lm_head.weight" not in tensors:
-        tensors["lm_head.weight"] = lm_head.to(tensors["fc.weight"].dtype)
-        shared = tuple(name for name in shared if name != "lm_head.weight")
+    written = ("lm_head.weight",) if draft_ids is not None else ()  # vLLM cannot share a part of the target's head
+    tensors, shared, notes = _embeddings(tensors, embed, lm_head, include_embeddings, source, always=written)
     if config.head == "none" and layout == "dspark":
         tensors |= _zero_markov_head(config, tensors["fc.weight"].dtype)
         notes.append(f"{config.method} draft written as {ARCHITECTURES['dspark']} with a zero Markov head "
@@ -371,20 +369,24 @@ def _target_embeddings(target_dir: Path, target_hf: Mapping[str, Any]) -> tuple[
 
 
 def _embeddings(
-    tensors: dict[str, Tensor], embed: Tensor, lm_head: Tensor, include: bool, source: str
+    tensors: dict[str, Tensor], embed: Tensor, lm_head: Tensor, include: bool, source: str,
+    always: tuple[str, ...] = (),
 ) -> tuple[dict[str, Tensor], tuple[str, ...], list[str]]:
-    """Leave out embed_tokens / lm_head where vLLM's shared copy of the target's is the same tensor."""
+    """Leave out embed_tokens / lm_head where vLLM's shared copy of the target's is the same tensor; the names
+    in `always` are written whatever `include` says."""
     tensors, shared, notes = dict(tensors), [], []
+    dtype = tensors["fc.weight"].dtype
     for name, target_weight in zip(SHARED_WITH_TARGET, (embed, lm_head)):
+        write = include or name in always
         mine = tensors.get(name)
         if mine is None:
-            if include:
-                tensors[name] = target_weight.clone()
+            if write:
+                tensors[name] = target_weight.to(dtype, copy=True)
             else:
                 shared.append(name)
             continue
         same = mine.shape == target_weight.shape and torch.equal(mine, target_weight.to(mine.dtype))
-        if same and not include:
+        if same and not write:
             del tensors[name]
             shared.append(name)
         elif not same:

@@ -156,10 +156,20 @@ class TargetFedDraft(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.output_vocab_size, bias=False)
         self.draft_to_target: Tensor | None
+        self.target_to_draft: Tensor | None  # its inverse, −1 outside: built once, read at every training step
         if c.draft_vocab_size is not None:
             self.register_buffer("draft_to_target", torch.arange(c.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("target_to_draft", torch.empty(c.vocab_size, dtype=torch.long), persistent=False)
+            self._index_draft_vocabulary()
+            self.register_load_state_dict_post_hook(lambda module, _keys: module._index_draft_vocabulary())
         else:
-            self.draft_to_target = None
+            self.draft_to_target = self.target_to_draft = None
+
+    def _index_draft_vocabulary(self) -> None:
+        assert self.draft_to_target is not None
+        index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.draft_to_target.device)
+        index[self.draft_to_target] = torch.arange(len(self.draft_to_target), device=index.device)
+        self.target_to_draft = index
 
     def set_draft_vocabulary(self, target_ids: Tensor) -> None:
         """The target tokens the draft may propose (distinct, in [0, vocab)); stored ascending. Call before
@@ -171,6 +181,7 @@ class TargetFedDraft(nn.Module):
             raise ValueError(f"a draft vocabulary of {self.config.draft_vocab_size} distinct target ids in "
                              f"[0, {self.config.vocab_size}) is needed, got {ids.numel()} distinct")
         self.draft_to_target.copy_(ids.to(self.draft_to_target.device))
+        self._index_draft_vocabulary()
 
     def copy_target_embeddings(self, embed: nn.Embedding, lm_head: nn.Module) -> None:
         """Copy and freeze the target's embeddings and LM head (never trained with the draft); with a
@@ -189,11 +200,9 @@ class TargetFedDraft(nn.Module):
 
     def to_draft_ids(self, target_ids: Tensor) -> Tensor:
         """Target token ids → indices into the draft vocabulary, −1 for a token outside it (training labels)."""
-        if self.draft_to_target is None:
+        if self.target_to_draft is None:
             return target_ids
-        index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=target_ids.device)
-        index[self.draft_to_target.to(target_ids.device)] = torch.arange(len(self.draft_to_target), device=target_ids.device)
-        return index[target_ids]
+        return self.target_to_draft.to(target_ids.device)[target_ids]
 
     def full_vocab_probs(self, probs: Tensor) -> Tensor:
         """Draft probabilities [..., draft vocab] → [..., target vocab], zero outside the draft vocabulary:

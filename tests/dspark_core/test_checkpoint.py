@@ -390,6 +390,11 @@ def test_reduced_vocabulary_round_trip_and_proposals(qwen3_target, tmp_path, met
     outside = torch.tensor([t not in vocab for t in range(qwen3_target.vocab_size)])
     assert proposal.draft_probs[..., outside].abs().max() == 0
     assert torch.allclose(proposal.draft_probs.sum(-1), torch.ones(()), atol=1e-5)
+    # the training labels' inverse map is rebuilt on load (it is not stored): every draft token back to its
+    # index, every other token to −1
+    everything = torch.arange(qwen3_target.vocab_size)
+    expected = torch.tensor([model.draft_to_target.tolist().index(t) if t in vocab else -1 for t in everything.tolist()])
+    assert torch.equal(loaded.to_draft_ids(everything), expected) and torch.equal(model.to_draft_ids(everything), expected)
     drafted = proposal.draft_probs.gather(-1, proposal.token_ids[..., None]).squeeze(-1)
     assert bool((drafted > 0).all())  # each drafted token has the probability it was drawn with
 

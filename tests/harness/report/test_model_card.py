@@ -90,3 +90,22 @@ def test_the_calibration_claim_is_judged_on_the_paired_gain():
     same = ece_gain(raw, ece_table(logits, verified, accepted, unit, n, np.ones(gamma)))
     assert same.value == pytest.approx(0.0) and same.above(ZERO) is None
     assert Interval(-0.01, -0.02, -0.005).above(ZERO) is False and Interval(0.01).above(ZERO) is None
+
+
+def test_an_ece_gain_too_small_to_print_is_not_a_hold(tmp_path):
+    """STS pinned at its bound moves ECE by ~1e-4 with a tight interval: wholly above 0, yet nothing the card
+    can show (it prints 0.000 [0.000, 0.000]); only a gain beyond the printed resolution holds."""
+    from dataclasses import replace
+
+    store, run_id = _run(tmp_path, {"dspark": 0.8, "dflash": 0.5, "eagle3": 0.2})
+    with store:
+        rows = card_rows(store.con, run_id)
+    dspark = next(r for r in rows if r.drafter == "dspark")
+
+    def verdict(gain: Interval) -> str:
+        row = replace(dspark, ece_raw=Interval(0.05, 0.04, 0.06), ece_calibrated=Interval(0.04, 0.03, 0.05), ece_gain=gain)
+        return next(v for c, v, _ in relations([row]) if "ECE calibrated < raw" in c)
+
+    assert verdict(Interval(0.0002, 0.0001, 0.0003)) == "overlap"
+    assert verdict(Interval(0.01, 0.004, 0.02)) == "holds"
+    assert verdict(Interval(-0.01, -0.02, -0.004)) == "does not hold"
