@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -95,8 +97,6 @@ def test_the_calibration_claim_is_judged_on_the_paired_gain():
 def test_an_ece_gain_too_small_to_print_is_not_a_hold(tmp_path):
     """STS pinned at its bound moves ECE by ~1e-4 with a tight interval: wholly above 0, yet nothing the card
     can show (it prints 0.000 [0.000, 0.000]); only a gain beyond the printed resolution holds."""
-    from dataclasses import replace
-
     store, run_id = _run(tmp_path, {"dspark": 0.8, "dflash": 0.5, "eagle3": 0.2})
     with store:
         rows = card_rows(store.con, run_id)
