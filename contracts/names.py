@@ -16,3 +16,6 @@ POLICIES = ("full", "static", "threshold", "scheduler", "budget", "adaptive")  #
 TABLE_POLICIES = ("scheduler", "budget", "adaptive")  # priced by a measured table (SPS(B); adaptive: step costs)
 CONFIDENCE_POLICIES = ("threshold", "scheduler", "budget")  # read the drafter's confidences
 DTYPES = ("float32", "bfloat16", "float16")  # target dtypes (torch's names)
+# A suite may also write `auto`: bfloat16 where the machine expanding the suite has native bf16 matmuls, else
+# float32 (dspark_core.native_dtype.fast_dtype); a cell always carries the dtype it resolved to.
+SUITE_DTYPES = DTYPES + ("auto",)

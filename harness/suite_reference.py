@@ -186,7 +186,7 @@ MEANINGS = {
     "temperature": "sampling temperature; 0 is greedy (lossless: equal to plain decoding token for token)",
     "seed": "seeds the task's sample subset and sampling; a cell parameter",
     "n_samples": "conversations measured per cell (a seeded subset of the task's data)",
-    "dtype": "weights' dtype",
+    "dtype": "weights' dtype; `auto`: bfloat16 where the machine expanding the suite has native bf16 matmuls (CUDA, AVX512-BF16, AMX), else float32",
     "method": "how drafts are made; `dspark`, `dflash`, `eagle3`, `draft_model` need a checkpoint",
     "name": "which policy this entry configures",
     "ttft_s": "time to first token target, seconds (per request)",

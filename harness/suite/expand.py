@@ -17,6 +17,9 @@ The rules, in the order they apply:
    its γ and policy axes collapse. A drafting combination that cannot run is an error that names the
    exclude rule removing it: a static policy verifying more than γ drafts, or a confidence policy
    (threshold, scheduler, budget) with a drafter whose proposals carry no confidences (all but dspark).
+   A target's `dtype: auto` becomes the dtype this machine runs fastest (`dspark_core.native_dtype.fast_dtype`:
+   bfloat16 on CUDA and on CPUs with native bf16 matmuls, float32 elsewhere), so a cell, its id and its
+   stored row name the dtype that ran, and a gate never compares a bf16 run with an fp32 one.
 4. Include. Each `matrix.include` entry adds one cell after the product, whatever the exclude rules say
    (as asv does: an include is an explicit request). An axis the entry leaves out takes
    `defaults.<axis>`, else the first value of the matrix's axis (as step 1 resolves it); the load, the
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 from contracts.cells import Cell, DrafterSpec, PolicySpec, TargetSpec, TaskSpec
+from dspark_core.native_dtype import fast_dtype
 from harness.suite.document import DocPath
 from harness.suite.errors import SuiteError, did_you_mean, one_of, show
 from harness.suite.schema import (BACKENDS, CONFIDENCE_METHODS, CONFIDENCE_POLICIES, BUILTIN_POLICIES,
@@ -166,7 +170,7 @@ def _cell(suite: Suite, raw: dict[str, _Value], include: int | None) -> Cell:
     options = suite.backend_options.get(raw["backend"].value, {})
     return Cell(
         backend=raw["backend"].value,
-        target=TargetSpec(name=target_name, path=target.path, dtype=target.dtype),
+        target=TargetSpec(name=target_name, path=target.path, dtype=fast_dtype() if target.dtype == "auto" else target.dtype),
         drafter=DrafterSpec(name=drafter_name, method=drafter.method, checkpoint=drafter.checkpoint, head=drafter.head,
                             synthetic_acceptance=None if drafter.synthetic_acceptance is None
                             else tuple(drafter.synthetic_acceptance)),

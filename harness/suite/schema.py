@@ -37,7 +37,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from contracts.backend import BACKENDS as BACKEND_REGISTRY
-from contracts.names import (CONFIDENCE_METHODS, CONFIDENCE_POLICIES, DTYPES, HEADS, LM_METHODS, METHODS,  # noqa: F401
+from contracts.names import (CONFIDENCE_METHODS, CONFIDENCE_POLICIES, DTYPES, SUITE_DTYPES, HEADS, LM_METHODS, METHODS,  # noqa: F401
                              POLICIES, TABLE_POLICIES, WEIGHTED_METHODS)
 from harness.gate.rules import GateRule, Validity
 from harness.suite.document import SUITE_VERSION, DocPath, Locations
@@ -116,7 +116,7 @@ def _as_lists(data: Any, keys: tuple[str, ...]) -> Any:
 
 class TargetEntry(Section):
     path: str  # "embedded", a local directory or a hub id
-    dtype: Annotated[str, _choice("dtype", DTYPES)] = "float32"
+    dtype: Annotated[str, _choice("dtype", SUITE_DTYPES)] = "float32"
 
     @model_validator(mode="after")
     def _check(self) -> TargetEntry:

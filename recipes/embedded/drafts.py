@@ -11,7 +11,7 @@ held-out prompts (the corpus' validation split), sampled at T = 1 where acceptan
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -21,10 +21,12 @@ from dspark_core.calibration import fit_sts
 from dspark_core.checkpoint import save_draft
 from dspark_core.draft_vocabulary import choose_draft_vocabulary, coverage, token_counts
 from dspark_core.drafters import as_drafter, build_draft_model, draft_config_for
+from dspark_core.drafters.dspark import DSparkModel
+from dspark_core.drafters.eagle3 import Eagle3Model
 from dspark_core.generate import GenerationConfig, generate
 from dspark_core.target import TargetModel
 from dspark_core.target_cache import TargetCache, build_target_cache
-from dspark_core.training import TrainConfig, evaluate_draft, train_draft
+from dspark_core.training import DraftLoss, TrainConfig, TrainResult, evaluate_draft, train_draft
 from recipes.embedded.corpus import DOMAINS, Corpus
 from recipes.embedded.evaluate import confidence_table
 from inputs.tasks.prompts import stop_tokens
@@ -57,13 +59,15 @@ class DraftPreset:
     train: TrainConfig = TrainConfig(steps=500, lr=3e-3, batch_size=8, anchors_per_sequence=24)
     sts_prompts_per_domain: int = 32
     sts_gamma: int = 7
-    # Real targets (recipes/real): fewer feature layers, a narrower MLP, bf16 target forwards and bf16
-    # autocast in training keep a 135M target's drafts small on disk and its build within 2 cores' time.
+    # Real targets (recipes/real): fewer feature layers, a narrower MLP and bf16 target forwards keep a 135M
+    # target's drafts small on disk and its build within 2 cores' time. Drafts always train in fp32: under bf16
+    # autocast (measured on an AVX512-BF16/AMX CPU, DSpark on SmolLM2-135M) a step was only 1.15× faster
+    # (0.21 s against 0.24 s) and the draft did not learn: after 40 steps held-out CE 36.7 against 7.46, the
+    # gradient norm still at its initial 45–50.
     num_target_features: int = 5
     intermediate_size: int | None = None  # None: the target's
     mask_token: str = "<|mask|>"
     target_dtype: str = "float32"
-    train_autocast_bf16: bool = False
     cache_batch_size: int = 48
     # A reduced draft vocabulary (dspark_core/draft_vocabulary.py): the tokens the target's cached answers use
     # most. None: the target's whole vocabulary (the embedded default's 512 words need no reduction).
@@ -147,9 +151,29 @@ def fit_temperatures(target: TargetModel, model, tokenizer, corpus: Corpus, pres
     return fitted
 
 
-def build_drafts(
+@dataclass
+class DraftInputs:
+    """What every draft of one build trains from: the target, its caches (training and held-out) and the
+    shape of each draft. One object, so a build and an ablation (recipes/real/ablate.py) train from the very
+    same caches."""
+
+    target: TargetModel
+    tokenizer: object
+    corpus: Corpus
+    preset: DraftPreset
+    configs: dict  # draft name → DraftConfig (full vocabulary; `train_one` applies a reduced one)
+    cache: TargetCache
+    heldout: TargetCache
+    vocabularies: dict = field(default_factory=dict)  # draft vocabulary size → (token ids, held-out coverage)
+
+    def vocabulary(self, size: int) -> tuple[torch.Tensor, float]:
+        if size not in self.vocabularies:
+            self.vocabularies[size] = choose_vocabulary(self.cache, self.heldout, self.corpus, self.tokenizer, size)
+        return self.vocabularies[size]
+
+
+def draft_inputs(
     target_dir: str | Path,
-    out_dir: str | Path,
     corpus: Corpus,
     *,
     preset: str | DraftPreset = "default",
@@ -157,13 +181,9 @@ def build_drafts(
     drafts: tuple[DraftSpec, ...] = DRAFTS,
     log: Callable[[str], None] = print,
     work_dir: str | Path | None = None,
-) -> list[DraftReport]:
-    """Train every draft in `drafts` for the target in `target_dir`; write each to `out_dir/<name>`.
-
-    With `work_dir`, the build resumes: the target caches are kept there (keyed by everything that makes
-    them), and a draft already in `out_dir` with the same training config is kept, not retrained. A real
-    target's build outlasts a working session (the cache alone is ≈ 45 min on 2 shared cores), and losing
-    it to an interruption costs the whole build again."""
+) -> DraftInputs:
+    """The target and its caches for `drafts`; with `work_dir` the caches are kept there (keyed by everything
+    that makes them) and read back by a later build or ablation with the same settings."""
     from transformers import AutoTokenizer
 
     p = DRAFT_PRESETS[preset] if isinstance(preset, str) else preset
@@ -193,11 +213,59 @@ def build_drafts(
     ))
     log(f"target cache: {len(cache)} sequences, {sum(s.num_tokens for s in cache.sequences)} tokens "
         f"in {time.perf_counter() - start:.0f} s")
-    vocab, vocab_coverage = None, None
+    return DraftInputs(target, tokenizer, corpus, p, configs, cache, heldout)
+
+
+@dataclass
+class TrainedDraft:
+    model: DSparkModel | Eagle3Model  # in the target's dtype
+    result: TrainResult
+    heldout: DraftLoss
+    vocab_coverage: float | None
+
+
+def train_one(inputs: DraftInputs, spec: DraftSpec, train_cfg: TrainConfig, draft_vocab_size: int | None) -> TrainedDraft:
+    """One draft trained on `inputs.cache` and scored on the held-out cache (α: the analytic T = 1
+    acceptance per position). Seeded by `train_cfg.seed`: the same call trains the same draft."""
+    config = inputs.configs[spec.name]
+    vocab, vocab_coverage = inputs.vocabulary(draft_vocab_size) if draft_vocab_size is not None else (None, None)
+    if draft_vocab_size is not None:
+        config = replace(config, draft_vocab_size=draft_vocab_size)
+    torch.manual_seed(train_cfg.seed)
+    model = build_draft_model(config)
+    if vocab is not None:
+        model.set_draft_vocabulary(vocab)
+    model.copy_target_embeddings(inputs.target.input_embeddings(), inputs.target.output_embeddings())
+    result = train_draft(inputs.cache, model, train_cfg)
+    model.eval()
+    held = evaluate_draft(inputs.heldout, model, train_cfg)
+    model.to(inputs.target.dtype)  # drafts run in the target's dtype; STS is fitted on the model as it will run
+    return TrainedDraft(model, result, held, vocab_coverage)
+
+
+def build_drafts(
+    target_dir: str | Path,
+    out_dir: str | Path,
+    corpus: Corpus,
+    *,
+    preset: str | DraftPreset = "default",
+    seed: int = 0,
+    drafts: tuple[DraftSpec, ...] = DRAFTS,
+    log: Callable[[str], None] = print,
+    work_dir: str | Path | None = None,
+) -> list[DraftReport]:
+    """Train every draft in `drafts` for the target in `target_dir`; write each to `out_dir/<name>`.
+
+    With `work_dir`, the build resumes: the target caches are kept there (keyed by everything that makes
+    them), and a draft already in `out_dir` with the same training config is kept, not retrained. A real
+    target's build can outlast a working session (its card alone takes 30–75 min on 2 cores; the cache took
+    45 min in fp32 on shared AVX2 cores, 4 min in bf16 on AMX ones), and losing it to an interruption costs the
+    whole build again."""
+    inputs = draft_inputs(target_dir, corpus, preset=preset, seed=seed, drafts=drafts, log=log, work_dir=work_dir)
+    p = inputs.preset
     if p.draft_vocab_size is not None:
-        vocab, vocab_coverage = choose_vocabulary(cache, heldout, corpus, tokenizer, p.draft_vocab_size)
-        configs = {name: replace(c, draft_vocab_size=p.draft_vocab_size) for name, c in configs.items()}
-        log(f"draft vocabulary: {p.draft_vocab_size} of {target.vocab_size} tokens, "
+        _, vocab_coverage = inputs.vocabulary(p.draft_vocab_size)
+        log(f"draft vocabulary: {p.draft_vocab_size} of {inputs.target.vocab_size} tokens, "
             f"{100 * vocab_coverage:.2f}% of held-out answer tokens")
     reports = []
     for d in drafts:
@@ -207,29 +275,21 @@ def build_drafts(
             log(f"{d.name}: kept from an earlier run of this build ({Path(out_dir) / d.name})")
             reports.append(kept)
             continue
-        torch.manual_seed(seed)
-        model = build_draft_model(configs[d.name])
-        if vocab is not None:
-            model.set_draft_vocabulary(vocab)
-        model.copy_target_embeddings(target.input_embeddings(), target.output_embeddings())
-        train_cfg = replace(p.train, seed=seed)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=p.train_autocast_bf16):
-            result = train_draft(cache, model, train_cfg)
-            model.eval()
-            held = evaluate_draft(heldout, model, train_cfg)
-        model.to(target.dtype)  # drafts run in the target's dtype; STS is fitted on the model as it will run
-        temps = fit_temperatures(target, model, tokenizer, corpus, p, seed) if configs[d.name].confidence_head else None
+        trained = train_one(inputs, d, replace(p.train, seed=seed), p.draft_vocab_size)
+        model, result, held = trained.model, trained.result, trained.heldout
+        temps = (fit_temperatures(inputs.target, model, inputs.tokenizer, inputs.corpus, p, seed)
+                 if inputs.configs[d.name].confidence_head else None)
         report = DraftReport(
             name=d.name, method=d.method, head=d.head,
             num_params_trainable=sum(t.numel() for t in model.parameters() if t.requires_grad),
             train_seconds=result.seconds, loss_first=result.losses[0], loss_last=result.losses[-1],
             heldout_loss=float(held.total), heldout_acceptance=float(held.acceptance), sts_temperatures=temps,
-            draft_vocab_size=p.draft_vocab_size, draft_vocab_coverage=vocab_coverage,
+            draft_vocab_size=p.draft_vocab_size, draft_vocab_coverage=trained.vocab_coverage,
         )
         # bf16 on disk and no embeddings (shared with the target): the committed build stays small.
         save_draft(model, Path(out_dir) / d.name, dtype=torch.bfloat16, share_target_embeddings=True,
                    extra={"sts_temperatures": temps, "training": asdict(report),
-                          "train_config": _jsonable(asdict(train_cfg))})
+                          "train_config": _jsonable(asdict(replace(p.train, seed=seed)))})
         log(f"{d.name}: loss {report.loss_first:.3f} → {report.loss_last:.3f}, held-out α {report.heldout_acceptance:.3f}, "
             f"{report.train_seconds:.0f} s")
         reports.append(report)

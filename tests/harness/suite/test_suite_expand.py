@@ -177,6 +177,14 @@ def test_defaults_and_single_definitions_fill_missing_axes():
             cell.warmup, cell.seed, cell.policy.name) == ("vllm", "tiny", "dspark", 5, 4.0, None, 3, 7, "full")
 
 
+def test_dtype_auto_resolves_in_the_cell():
+    from dspark_core.native_dtype import fast_dtype
+
+    (cell,) = cells_of("  backend: [inhouse]\n  drafter: [none]\n  task: [gsm8k]\n  concurrency: [1]\n",
+                       MATRIX.replace("tiny: {path: embedded}", "tiny: {path: embedded, dtype: auto}"))
+    assert cell.target.dtype == fast_dtype() != "auto"
+
+
 def test_cells_carry_the_definitions():
     head = MATRIX.replace("matrix:\n", "sla: {ttft_s: 2.0}\nbackend_options: {inhouse: {num_slots: 64}, "
                                        "vllm: {tags: [a, b]}}\nmatrix:\n")

@@ -103,7 +103,7 @@ def test_out_of_range(old, new, needle, rest):
                                                           "mean 'threshold'?); valid: full, static, threshold, "
                                                           "scheduler, budget, adaptive"),
     ("  tiny: {path: embedded}", "  tiny: {path: embedded, dtype: fp8}", "fp8",
-     "targets.tiny.dtype: unknown dtype 'fp8'; valid: float32, bfloat16, float16"),
+     "targets.tiny.dtype: unknown dtype 'fp8'; valid: float32, bfloat16, float16, auto"),
 ])
 def test_unknown_choices_list_the_valid_ones(old, new, needle, rest):
     check(old, new, needle, rest)
