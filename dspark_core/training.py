@@ -316,19 +316,38 @@ def _check(cache: TargetCache, model: TargetFedDraft) -> list[TargetSequence]:
     usable = [s for s in cache.sequences if s.num_anchors > 0]
     if not usable:
         raise ValueError("no sequence in the target cache has an answer token to anchor on")
-    return draft_vocab_sequences(usable, model)
+    return draft_vocab_sequences(usable, model, cache.logit_ids)
 
 
-def draft_vocab_sequences(sequences: Sequence[TargetSequence], model: TargetFedDraft) -> list[TargetSequence]:
+def draft_vocab_sequences(sequences: Sequence[TargetSequence], model: TargetFedDraft,
+                          logit_ids: Tensor | None = None) -> list[TargetSequence]:
     """The sequences as the loss reads them. With a reduced draft vocabulary, each one's `logits` become the
     target's log-probabilities (normalised over its whole vocabulary) at the draft's tokens, computed once per
     run in the cache's dtype: every step then touches the draft vocabulary's columns only, not 49 k of them,
-    which is most of a step's cost on a large vocabulary (the LM head, softmax and L1 over every position)."""
+    which is most of a step's cost on a large vocabulary (the LM head, softmax and L1 over every position).
+
+    `logit_ids`: the sequences already hold log-probabilities at these target ids only (a cache recorded with
+    `logit_ids`, dspark_core/target_cache.py); the draft's tokens are then picked among them, so the draft's
+    vocabulary must be a subset."""
     index = model.draft_to_target
+    if logit_ids is None:
+        if index is None:
+            return list(sequences)
+        index = index.cpu()
+        return [replace(s, logits=torch.log_softmax(s.logits.float(), -1)[:, index].to(s.logits.dtype)) for s in sequences]
     if index is None:
-        return list(sequences)
+        raise ValueError(f"the target cache keeps log-probabilities at {logit_ids.numel()} tokens only; a draft over the "
+                         f"whole vocabulary needs a cache recorded without logit_ids")
     index = index.cpu()
-    return [replace(s, logits=torch.log_softmax(s.logits.float(), -1)[:, index].to(s.logits.dtype)) for s in sequences]
+    columns = torch.searchsorted(logit_ids, index).clamp(max=logit_ids.numel() - 1)
+    missing = index[logit_ids[columns] != index]
+    if missing.numel():
+        raise ValueError(f"{missing.numel()} of the draft's {index.numel()} tokens are not among the target cache's "
+                         f"{logit_ids.numel()} kept tokens (first: {missing[:5].tolist()}); train it from a cache "
+                         f"recorded with its vocabulary, or a larger one")
+    if torch.equal(columns, torch.arange(logit_ids.numel())):
+        return list(sequences)
+    return [replace(s, logits=s.logits[:, columns]) for s in sequences]
 
 
 def train_draft(cache: TargetCache, model: TargetFedDraft, config: TrainConfig) -> TrainResult:

@@ -22,7 +22,7 @@ import torch
 
 from recipes.embedded.card import write_model_card
 from recipes.embedded.corpus import build_corpus
-from recipes.embedded.drafts import DRAFT_PRESETS, build_drafts
+from recipes.embedded.drafts import DRAFT_PRESETS, build_drafts, draft_inputs
 from recipes.embedded.evaluate import EVAL_PRESETS, evaluate_embedded
 from recipes.embedded.target import PRESETS, train_target
 
@@ -62,7 +62,7 @@ def build(out_dir: str | Path, *, preset: str = "default", seed: int = 0, data_d
 
     start = time.perf_counter()
     corpus = build_corpus(data_dir, PRESETS[preset].caps)
-    reports = build_drafts(out / "target", out / "drafts", corpus, preset=DRAFT_PRESETS[preset], seed=seed)
+    reports = build_drafts(draft_inputs(out / "target", corpus, preset=DRAFT_PRESETS[preset], seed=seed), out / "drafts")
     seconds["drafts"] = time.perf_counter() - start
 
     start = time.perf_counter()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -25,10 +25,11 @@ from dspark_core.drafters.dspark import DSparkModel
 from dspark_core.drafters.eagle3 import Eagle3Model
 from dspark_core.generate import GenerationConfig, generate
 from dspark_core.target import TargetModel
-from dspark_core.target_cache import TargetCache, build_target_cache
+from dspark_core.target_cache import TargetCache, build_target_cache, generate_answers, record_cache
 from dspark_core.training import DraftLoss, TrainConfig, TrainResult, evaluate_draft, train_draft
 from recipes.embedded.corpus import DOMAINS, Corpus
 from recipes.embedded.evaluate import confidence_table
+from recipes.embedded.instructions import instruction_prompts
 from inputs.tasks.prompts import stop_tokens
 
 
@@ -53,6 +54,9 @@ DRAFTS: tuple[DraftSpec, ...] = (
 @dataclass(frozen=True)
 class DraftPreset:
     prompts_per_domain: int = 160  # cache prompts; half answered greedily, half at T = 1
+    # Open-ended chat instructions added to the chat domain's cache prompts (recipes/embedded/instructions.py):
+    # prompts without answers, so only for a target that answers itself in its own chat voice (a real one).
+    instruction_prompts: int = 0
     max_new_tokens: int = 160
     markov_rank: int = 64  # r scaled to the model: the paper's 256 is for V = 152k, hidden 2.5k–5k
     block_size: int = 7
@@ -105,12 +109,18 @@ def chat_prompt(tokenizer, user: str) -> list[int]:
     return tokenize_messages(tokenizer, [{"role": "user", "content": user}])
 
 
-def cache_prompts(corpus: Corpus, tokenizer, per_domain: int) -> list[list[int]]:
-    """First user turns of the first `per_domain` training examples of each domain (corpus order is fixed)."""
+def cache_prompts(corpus: Corpus, tokenizer, per_domain: int, instructions: int = 0) -> list[list[int]]:
+    """First user turns of the first `per_domain` training examples of each domain (corpus order is fixed), the
+    chat domain's followed by `instructions` open-ended ones (recipes/embedded/instructions.py)."""
     prompts: list[list[int]] = []
     for domain in DOMAINS:
         examples = [e for e in corpus.train if e.domain == domain][:per_domain]
+        if len(examples) < per_domain:
+            raise ValueError(f"the corpus has {len(examples)} {domain} training examples, the preset asks for "
+                             f"{per_domain} per domain: raise its CorpusCaps or lower prompts_per_domain")
         prompts += [chat_prompt(tokenizer, e.turns[0][0]) for e in examples]
+        if domain == "chat":
+            prompts += [chat_prompt(tokenizer, text) for text in instruction_prompts(instructions)]
     return prompts
 
 
@@ -119,13 +129,25 @@ def heldout_prompts(corpus: Corpus, tokenizer, per_domain: int) -> list[list[int
 
 
 def build_cache(target: TargetModel, tokenizer, corpus: Corpus, preset: DraftPreset, layer_ids, seed: int) -> TargetCache:
-    prompts = cache_prompts(corpus, tokenizer, preset.prompts_per_domain)
-    greedy, sampled = prompts[0::2], prompts[1::2]
-    common = dict(layer_ids=layer_ids, max_new_tokens=preset.max_new_tokens, stop_token_ids=stop_tokens(tokenizer),
-                  logits_dtype=torch.bfloat16, batch_size=preset.cache_batch_size)
-    a = build_target_cache(target, greedy, temperature=0.0, seed=seed, **common)
-    b = build_target_cache(target, sampled, temperature=1.0, seed=seed + 100_000, **common)
-    return TargetCache(a.sequences + b.sequences, a.layer_ids, {"halves": [a.meta, b.meta]})
+    """The training cache: half the prompts answered greedily, half at T = 1. With a reduced draft vocabulary
+    the answers are generated first, the vocabulary chosen from them, and only its columns kept (as
+    log-probabilities: dspark_core/target_cache.py), so a real target's cache holds ≈ 6× more answers in the
+    same memory."""
+    prompts = cache_prompts(corpus, tokenizer, preset.prompts_per_domain, preset.instruction_prompts)
+    halves = ((prompts[0::2], 0.0, seed), (prompts[1::2], 1.0, seed + 100_000))
+    answers = [generate_answers(target, half, max_new_tokens=preset.max_new_tokens, temperature=temperature,
+                                stop_token_ids=stop_tokens(tokenizer), seed=half_seed, batch_size=preset.cache_batch_size)
+               for half, temperature, half_seed in halves]
+    logit_ids = None
+    if preset.draft_vocab_size is not None:
+        logit_ids = choose_vocabulary((a for half in answers for a in half), corpus, tokenizer, preset.draft_vocab_size,
+                                      target.vocab_size)
+    parts = [record_cache(target, half, a, layer_ids=layer_ids, batch_size=preset.cache_batch_size,
+                          logits_dtype=torch.bfloat16, logit_ids=logit_ids,
+                          meta={"temperature": temperature, "max_new_tokens": preset.max_new_tokens, "seed": half_seed})
+             for (half, temperature, half_seed), a in zip(halves, answers)]
+    return TargetCache(parts[0].sequences + parts[1].sequences, parts[0].layer_ids, {"halves": [c.meta for c in parts]},
+                       logit_ids, parts[0].target_vocab_size)
 
 
 STS_DECODING_TEMPERATURES = (0.0, 1.0)
@@ -164,11 +186,21 @@ class DraftInputs:
     configs: dict  # draft name → DraftConfig (full vocabulary; `train_one` applies a reduced one)
     cache: TargetCache
     heldout: TargetCache
+    seed: int
+    drafts: tuple[DraftSpec, ...]
+    work_dir: Path | None  # where the caches are kept; a build with one also keeps the drafts it already wrote
     vocabularies: dict = field(default_factory=dict)  # draft vocabulary size → (token ids, held-out coverage)
 
     def vocabulary(self, size: int) -> tuple[torch.Tensor, float]:
+        """The `size`-token draft vocabulary chosen from the training answers, and its coverage of the held-out
+        answers (which the choice never saw)."""
+        kept = self.cache.logit_ids
+        if kept is not None and size > kept.numel():
+            raise ValueError(f"a {size}-token draft vocabulary: this target cache keeps {kept.numel()} tokens only "
+                             f"(its preset's draft_vocab_size); build the cache with a larger one")
         if size not in self.vocabularies:
-            self.vocabularies[size] = choose_vocabulary(self.cache, self.heldout, self.corpus, self.tokenizer, size)
+            vocab = choose_vocabulary(answer_tokens(self.cache), self.corpus, self.tokenizer, size, self.cache.vocab_size)
+            self.vocabularies[size] = vocab, coverage(vocab, answer_tokens(self.heldout))
         return self.vocabularies[size]
 
 
@@ -209,11 +241,12 @@ def draft_inputs(
     heldout = _kept(work_dir, "heldout", key, log, lambda: build_target_cache(
         target, heldout_prompts(corpus, tokenizer, p.sts_prompts_per_domain), layer_ids=layer_ids,
         max_new_tokens=p.max_new_tokens, temperature=1.0, stop_token_ids=stop_tokens(tokenizer),
-        seed=seed + 200_000, logits_dtype=torch.bfloat16, batch_size=p.cache_batch_size,
+        seed=seed + 200_000, logits_dtype=torch.bfloat16, batch_size=p.cache_batch_size, logit_ids=cache.logit_ids,
     ))
     log(f"target cache: {len(cache)} sequences, {sum(s.num_tokens for s in cache.sequences)} tokens "
         f"in {time.perf_counter() - start:.0f} s")
-    return DraftInputs(target, tokenizer, corpus, p, configs, cache, heldout)
+    return DraftInputs(target, tokenizer, corpus, p, configs, cache, heldout, seed, drafts,
+                       None if work_dir is None else Path(work_dir))
 
 
 @dataclass
@@ -243,39 +276,27 @@ def train_one(inputs: DraftInputs, spec: DraftSpec, train_cfg: TrainConfig, draf
     return TrainedDraft(model, result, held, vocab_coverage)
 
 
-def build_drafts(
-    target_dir: str | Path,
-    out_dir: str | Path,
-    corpus: Corpus,
-    *,
-    preset: str | DraftPreset = "default",
-    seed: int = 0,
-    drafts: tuple[DraftSpec, ...] = DRAFTS,
-    log: Callable[[str], None] = print,
-    work_dir: str | Path | None = None,
-) -> list[DraftReport]:
-    """Train every draft in `drafts` for the target in `target_dir`; write each to `out_dir/<name>`.
+def build_drafts(inputs: DraftInputs, out_dir: str | Path, *, log: Callable[[str], None] = print) -> list[DraftReport]:
+    """Train every draft of `inputs` (from `draft_inputs`) and write each to `out_dir/<name>`.
 
-    With `work_dir`, the build resumes: the target caches are kept there (keyed by everything that makes
-    them), and a draft already in `out_dir` with the same training config is kept, not retrained. A real
-    target's build can outlast a working session (its card alone takes 30–75 min on 2 cores; the cache took
-    45 min in fp32 on shared AVX2 cores, 4 min in bf16 on AMX ones), and losing it to an interruption costs the
-    whole build again."""
-    inputs = draft_inputs(target_dir, corpus, preset=preset, seed=seed, drafts=drafts, log=log, work_dir=work_dir)
-    p = inputs.preset
+    With a `work_dir` given to `draft_inputs`, the build resumes: the target caches are kept there (keyed by
+    everything that makes them), and a draft already in `out_dir` with the same training config is kept, not
+    retrained. A real target's build can outlast a working session (its card alone takes 30–75 min on 2 cores;
+    the cache took 45 min in fp32 on shared AVX2 cores, 4 min in bf16 on AMX ones), and losing it to an
+    interruption costs the whole build again."""
+    p, seed, train_cfg = inputs.preset, inputs.seed, replace(inputs.preset.train, seed=inputs.seed)
     if p.draft_vocab_size is not None:
         _, vocab_coverage = inputs.vocabulary(p.draft_vocab_size)
         log(f"draft vocabulary: {p.draft_vocab_size} of {inputs.target.vocab_size} tokens, "
             f"{100 * vocab_coverage:.2f}% of held-out answer tokens")
     reports = []
-    for d in drafts:
-        kept = (_kept_draft(Path(out_dir) / d.name, replace(p.train, seed=seed), p.draft_vocab_size)
-                if work_dir is not None else None)
+    for d in inputs.drafts:
+        kept = _kept_draft(Path(out_dir) / d.name, train_cfg, p.draft_vocab_size) if inputs.work_dir is not None else None
         if kept is not None:
             log(f"{d.name}: kept from an earlier run of this build ({Path(out_dir) / d.name})")
             reports.append(kept)
             continue
-        trained = train_one(inputs, d, replace(p.train, seed=seed), p.draft_vocab_size)
+        trained = train_one(inputs, d, train_cfg, p.draft_vocab_size)
         model, result, held = trained.model, trained.result, trained.heldout
         temps = (fit_temperatures(inputs.target, model, inputs.tokenizer, inputs.corpus, p, seed)
                  if inputs.configs[d.name].confidence_head else None)
@@ -289,23 +310,26 @@ def build_drafts(
         # bf16 on disk and no embeddings (shared with the target): the committed build stays small.
         save_draft(model, Path(out_dir) / d.name, dtype=torch.bfloat16, share_target_embeddings=True,
                    extra={"sts_temperatures": temps, "training": asdict(report),
-                          "train_config": _jsonable(asdict(replace(p.train, seed=seed)))})
+                          "train_config": _jsonable(asdict(train_cfg))})
         log(f"{d.name}: loss {report.loss_first:.3f} → {report.loss_last:.3f}, held-out α {report.heldout_acceptance:.3f}, "
             f"{report.train_seconds:.0f} s")
         reports.append(report)
     return reports
 
 
-def choose_vocabulary(cache: TargetCache, heldout: TargetCache, corpus: Corpus, tokenizer, size: int) -> tuple[torch.Tensor, float]:
-    """The draft vocabulary: the `size` tokens the target's cached answers use most (ties: by their count in
-    the whole training corpus, then by id), stop tokens always in; and its coverage of the held-out answers,
-    which the choice never saw."""
-    vocab_size = cache.vocab_size
-    answers = token_counts((s.token_ids[s.prompt_len:] for s in cache.sequences), vocab_size)
+def choose_vocabulary(answers: Iterable[torch.Tensor | list[int]], corpus: Corpus, tokenizer, size: int,
+                      vocab_size: int) -> torch.Tensor:
+    """The draft vocabulary: the `size` tokens the target's answers use most (ties: by their count in the whole
+    training corpus, then by id), stop tokens always in. The ranking does not depend on `size`, so a smaller
+    vocabulary is a subset of a larger one (an ablation trains it from a cache that keeps the larger)."""
+    counts = token_counts(answers, vocab_size)
     text = token_counts((tokenizer(part, add_special_tokens=False)["input_ids"]
                          for e in corpus.train for turn in e.turns for part in turn), vocab_size)
-    vocab = choose_draft_vocabulary(answers, size, secondary=text, always=stop_tokens(tokenizer))
-    return vocab, coverage(vocab, (s.token_ids[s.prompt_len:] for s in heldout.sequences))
+    return choose_draft_vocabulary(counts, size, secondary=text, always=stop_tokens(tokenizer))
+
+
+def answer_tokens(cache: TargetCache) -> Iterator[torch.Tensor]:
+    return (s.token_ids[s.prompt_len:] for s in cache.sequences)
 
 
 def _cache_key(corpus: Corpus, preset: DraftPreset, seed: int, target_dir, layer_ids) -> str:
@@ -315,7 +339,9 @@ def _cache_key(corpus: Corpus, preset: DraftPreset, seed: int, target_dir, layer
 
     what = {"corpus": corpus.fingerprint(), "prompts_per_domain": preset.prompts_per_domain,
             "max_new_tokens": preset.max_new_tokens, "sts_prompts_per_domain": preset.sts_prompts_per_domain,
+            "instruction_prompts": preset.instruction_prompts,
             "cache_batch_size": preset.cache_batch_size, "target_dtype": preset.target_dtype, "seed": seed,
+            "draft_vocab_size": preset.draft_vocab_size,  # the columns the cache keeps
             "target": str(target_dir), "layer_ids": list(layer_ids), "torch": torch.__version__}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 

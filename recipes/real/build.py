@@ -46,7 +46,7 @@ import torch
 from dspark_core.native_dtype import fast_dtype
 from dspark_core.training import TrainConfig
 from recipes.embedded.corpus import CorpusCaps, build_corpus
-from recipes.embedded.drafts import DRAFTS, DraftPreset, build_drafts
+from recipes.embedded.drafts import DRAFTS, DraftPreset, build_drafts, draft_inputs
 
 REAL_DRAFTS = tuple(d for d in DRAFTS if d.name != "dspark-rnn")  # dspark (Markov), dflash, eagle3; one layer each
 REAL_DRAFTS = tuple(replace(d, num_layers=1) for d in REAL_DRAFTS)
@@ -140,8 +140,8 @@ def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "d
 
     start = time.perf_counter()
     corpus = build_corpus(data_dir, p.caps)
-    reports = build_drafts(target_dir, out / "drafts", corpus, preset=p.drafts, seed=seed, drafts=REAL_DRAFTS, log=log,
-                           work_dir=out / "work")
+    inputs = draft_inputs(target_dir, corpus, preset=p.drafts, seed=seed, drafts=REAL_DRAFTS, log=log, work_dir=out / "work")
+    reports = build_drafts(inputs, out / "drafts", log=log)
     seconds["drafts"] = time.perf_counter() - start
 
     card_suite = write_card_suite(out, p.card, target=target, dtype=dtype, num_threads=num_threads, seed=seed)

@@ -8,7 +8,7 @@ import torch
 from dspark_core.drafters import DSparkDrafter
 from dspark_core.drafters.base import DraftStep
 from dspark_core.drafters.eagle3 import Eagle3Drafter
-from dspark_core.target_cache import TargetCache, TargetSequence, build_target_cache, record_sequences
+from dspark_core.target_cache import TargetCache, TargetSequence, build_target_cache, record_cache, record_sequences
 from dspark_core.training import (
     TrainConfig,
     batch_loss,
@@ -277,6 +277,62 @@ def test_a_reduced_vocabulary_draft_trains_and_proposes_only_its_tokens():
     proposal = drafter.propose(state, step)
     assert set(proposal.token_ids.flatten().tolist()) <= set(vocab.tolist())
     assert proposal.draft_probs.shape[-1] == VOCAB_SIZE
+
+
+def _most_used(n: int) -> torch.Tensor:
+    counts = torch.bincount(torch.cat([s.token_ids[s.prompt_len:] for s in toy_cache().sequences]), minlength=VOCAB_SIZE)
+    return torch.sort(torch.argsort(counts, descending=True, stable=True)[:n]).values
+
+
+def _kept_columns_cache(logit_ids: torch.Tensor) -> TargetCache:
+    """toy_cache()'s very answers, recorded again keeping only `logit_ids`' log-probabilities."""
+    full = toy_cache()
+    prompts = [s.token_ids[: s.prompt_len].tolist() for s in full.sequences]
+    answers = [s.token_ids[s.prompt_len:].tolist() for s in full.sequences]
+    with single_thread():
+        return record_cache(toy_target(), prompts, answers, layer_ids=TARGET_LAYER_IDS, batch_size=32, logit_ids=logit_ids)
+
+
+@pytest.mark.parametrize("method", ["dspark", "eagle3"])
+def test_a_cache_keeping_only_the_draft_vocabulary_trains_the_same_draft(method, tmp_path):
+    """A cache recorded with `logit_ids` holds exactly what the loss reads for a reduced draft: the same
+    training run, step for step, at a fraction of the memory; its save/load keeps the ids."""
+    vocab = _most_used(VOCAB_SIZE // 2)
+    kept = _kept_columns_cache(vocab)
+    assert kept.vocab_size == VOCAB_SIZE and kept.sequences[0].logits.shape[-1] == vocab.numel()
+    kept.save(tmp_path / "kept.pt")
+    kept = TargetCache.load(tmp_path / "kept.pt")
+    assert torch.equal(kept.logit_ids, vocab) and kept.target_vocab_size == VOCAB_SIZE
+    head = "markov" if method == "dspark" else "none"
+    a, b = new_draft(method, head, draft_vocabulary=vocab), new_draft(method, head, draft_vocabulary=vocab)
+    ra, rb = train_draft(toy_cache(), a, SMOKE), train_draft(kept, b, SMOKE)
+    assert ra.losses == pytest.approx(rb.losses, rel=1e-5, abs=1e-6)
+    ea, eb = evaluate_draft(toy_cache(), a, SMOKE), evaluate_draft(kept, b, SMOKE)
+    assert ea.acceptance == pytest.approx(eb.acceptance, rel=1e-5)
+
+
+def test_a_kept_columns_cache_trains_a_smaller_vocabulary_and_refuses_what_it_lacks():
+    vocab = _most_used(VOCAB_SIZE // 2)
+    kept = _kept_columns_cache(vocab)
+    smaller = vocab[::2]  # a subset: its columns are picked from the kept ones
+    a, b = new_draft("dspark", draft_vocabulary=smaller), new_draft("dspark", draft_vocabulary=smaller)
+    assert train_draft(toy_cache(), a, SMOKE).losses == pytest.approx(train_draft(kept, b, SMOKE).losses, rel=1e-5, abs=1e-6)
+    lacking = min(set(range(VOCAB_SIZE)) - set(vocab.tolist()))
+    outside = torch.sort(torch.cat([vocab[:-1], torch.tensor([lacking])])).values  # one token the cache lacks
+    with pytest.raises(ValueError, match="not among the target cache's"):
+        train_draft(kept, new_draft("dspark", draft_vocabulary=outside), SMOKE)
+    with pytest.raises(ValueError, match="whole vocabulary"):
+        train_draft(kept, new_draft("dspark"), SMOKE)
+    with pytest.raises(ValueError, match="ascending"):
+        record_cache(toy_target(), [[1, 2]], [[3]], logit_ids=torch.tensor([5, 3]))
+
+
+def test_a_version_1_cache_file_still_loads(tmp_path):
+    seq = toy_cache().sequences[0]
+    torch.save({"version": 1, "layer_ids": [1], "meta": {}, "token_ids": [seq.token_ids], "features": [seq.features],
+                "logits": [seq.logits], "prompt_lens": [seq.prompt_len]}, tmp_path / "v1.pt")
+    loaded = TargetCache.load(tmp_path / "v1.pt")
+    assert loaded.logit_ids is None and loaded.vocab_size == VOCAB_SIZE and torch.equal(loaded.sequences[0].logits, seq.logits)
 
 
 def test_training_is_deterministic_and_checks_its_inputs():
