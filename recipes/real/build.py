@@ -90,11 +90,11 @@ class RealPreset:
 
 PRESETS = {
     "default": RealPreset(
-        caps=CorpusCaps(math_chars=200_000, code_chars=200_000, chat_chars=200_000, num_val=24),
+        caps=CorpusCaps(math_chars=400_000, code_chars=400_000, chat_chars=400_000, num_val=48),
         drafts=DraftPreset(
-            prompts_per_domain=128, max_new_tokens=128, sts_prompts_per_domain=16, cache_batch_size=32,
-            draft_vocab_size=8192,
-            train=TrainConfig(steps=1200, lr=2e-3, batch_size=8, anchors_per_sequence=16, eagle3_unroll_steps=2,
+            prompts_per_domain=256, instruction_prompts=256, max_new_tokens=128, sts_prompts_per_domain=48,
+            cache_batch_size=32, draft_vocab_size=8192,
+            train=TrainConfig(steps=2000, lr=2e-3, batch_size=8, anchors_per_sequence=16, eagle3_unroll_steps=2,
                               eagle3_anchors_per_sequence=_equal_positions(16, 2)),
             **_COMMON,
         ),
@@ -103,7 +103,8 @@ PRESETS = {
     "reduced": RealPreset(
         caps=CorpusCaps(math_chars=20_000, code_chars=20_000, chat_chars=20_000, num_val=4),
         drafts=DraftPreset(
-            prompts_per_domain=4, max_new_tokens=24, sts_prompts_per_domain=2, cache_batch_size=12, draft_vocab_size=2048,
+            prompts_per_domain=4, instruction_prompts=2, max_new_tokens=24, sts_prompts_per_domain=2, cache_batch_size=12,
+            draft_vocab_size=2048,
             train=TrainConfig(steps=4, lr=2e-3, batch_size=4, anchors_per_sequence=4, eagle3_unroll_steps=2,
                               eagle3_anchors_per_sequence=_equal_positions(4, 2)),
             **_COMMON,
