@@ -1,7 +1,7 @@
 """One decode step of the target: the lean forward (`decoder_forward.py`) vs Hugging Face's own, paired.
 
     python3 -m benchmarks.target_forward --model smollm2-135m --batch 1 16 [--threads 2] [--clock cpu] [--profile]
-    python3 -m benchmarks.target_forward --against unpacked --batch 1 16 --tokens 1 8 --threads 2
+    python3 -m benchmarks.target_forward --against unpacked --batch 1 16 --tokens 1 8 --threads 2 [--dtype bfloat16]
 
 `--against unpacked`: the lean forward over oneDNN's prepacked weights vs the same forward over the plain
 weights (MKL's matmul), the choice `decoder_forward.packed` makes. `--tokens 8`: each step runs 8 positions
@@ -19,6 +19,7 @@ The greedy tokens of both forwards are checked equal at every step.
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import torch
@@ -35,7 +36,7 @@ def median_ratio(values: list[float]) -> tuple[float, float, float]:
     return med, low, high
 
 
-def _targets(model_text: str, against: str = "hf"):
+def _targets(model_text: str, against: str = "hf", dtype: str = "float32"):
     from dspark_core.target import TargetModel
 
     if model_text == "tiny":  # a small random Llama with SmolLM2's head layout (9 heads, 3 KV heads), no wheel needed
@@ -44,12 +45,15 @@ def _targets(model_text: str, against: str = "hf"):
         torch.manual_seed(0)
         config = LlamaConfig(vocab_size=512, hidden_size=72, intermediate_size=192, num_hidden_layers=2,
                              num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
-        model = LlamaForCausalLM(config).eval()
+        model = LlamaForCausalLM(config).eval().to(getattr(torch, dtype))
     else:
         from inputs.model_refs import resolve
 
-        model = TargetModel.from_pretrained(resolve(model_text).path).model
-    lean, other = TargetModel(model), TargetModel(model)
+        model = TargetModel.from_pretrained(resolve(model_text).path, dtype=getattr(torch, dtype)).model
+    # Each forward over its own copy of the weights: the lean forward re-stacks a model's projections when it
+    # builds its fused weights (`fuse_projections`), so two targets sharing one model would rebuild them in turn
+    # at every switch, and the packed side would repack 121 weights per round.
+    lean, other = TargetModel(model), TargetModel(copy.deepcopy(model))
     if not lean.lean:
         raise SystemExit(f"{model_text}: not a model the lean forward covers (decoder_forward.supports)")
     if against == "unpacked":
@@ -126,10 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against", choices=("hf", "unpacked"), default="hf",
                     help="hf: Hugging Face's own forward; unpacked: the lean forward without prepacked weights")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1], help="positions per row per step (8: a γ 7 verify)")
+    ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="float32",
+                    help="the target's dtype (auto: bf16 where the CPU has native bf16)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    targets = _targets(args.model, args.against)
+    from dspark_core.native_dtype import fast_dtype
+
+    targets = _targets(args.model, args.against, fast_dtype() if args.dtype == "auto" else args.dtype)
     for batch in args.batch:
         for tokens in args.tokens:
             measure_batch(targets, batch, args, clock, tokens)

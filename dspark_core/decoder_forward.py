@@ -187,12 +187,18 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def _rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
-    """A Llama-family RMSNorm: in fp32 one fused op (`torch.rms_norm`, bit-identical to Hugging Face's
-    x · rsqrt(mean(x²) + ε) · w there); in other dtypes the module itself (it computes in fp32 and rounds)."""
+    """A Llama-family RMSNorm as one fused op (`torch.rms_norm`) instead of the module's six: in fp32 with the
+    weight inside, bit-identical to Hugging Face's x · rsqrt(mean(x²) + ε) · w; in bf16 (or fp16) as Hugging Face
+    computes it, normalised in fp32, rounded, then scaled by the weight in the model's dtype (bit-identical too,
+    tests/dspark_core/test_decoder_forward.py). Anything else runs the module itself."""
     eps = getattr(norm, "variance_epsilon", None)
-    if x.dtype != torch.float32 or eps is None or norm.weight.dtype != torch.float32:
+    if eps is None or norm.weight.dtype != x.dtype:
         return norm(x)
-    return torch.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+    if x.dtype == torch.float32:
+        return torch.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return norm.weight * torch.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+    return norm(x)
 
 
 @torch.no_grad()

@@ -135,7 +135,7 @@ class Models:
                 if spec.head is not None and getattr(model.config, "head", None) != spec.head:
                     raise BackendError(f"checkpoint {spec.checkpoint} has the {model.config.head!r} head, "
                                        f"the cell asks for {spec.head!r}")
-                pack_linears(model)  # fp32 on the CPU: oneDNN's prepacked matmuls (dspark_core.packed_linear)
+                pack_linears(model)  # on the CPU, fp32 (bf16 where native): oneDNN's prepacked matmuls (dspark_core.packed_linear)
                 sts = model.config.extra.get("sts_temperatures") or {}
                 loaded = LoadedDrafter(as_drafter(model), model_refs.fingerprint(ref),
                                        {t: tuple(v) for t, v in sts.items()})
