@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from dspark_core.kernels import use_triton
-from dspark_core.distributions import is_greedy, logits_to_probs, sample_from_probs
+from dspark_core.distributions import greedy_tokens, is_greedy, logits_to_probs, sample_from_probs
 
 RESIDUAL_EPS = 1e-9
 
@@ -127,7 +127,7 @@ def rejection_sample_greedy(target_logits: Tensor, draft_token_ids: Tensor, cu_n
     with one-hot p_t (u·p_d < 1 exactly when p_t(x) = 1; the residual of a one-hot is that one-hot),
     without a softmax or one-hot over the vocabulary. Twin of `rejection.rejection_greedy_sample_triton`."""
     layout = _Layout.of(cu_num_drafts, draft_token_ids.numel())
-    argmax = target_logits.argmax(-1)  # [total_drafts + R]
+    argmax = greedy_tokens(target_logits)  # [total_drafts + R]
     num_accepted = layout.num_accepted(draft_token_ids == argmax[layout.target_row_of_draft])
     return VerifyOutput(num_accepted=num_accepted, next_token_ids=argmax[layout.final_target_row(num_accepted)])
 

@@ -3,10 +3,12 @@
     python -m recipes.real.build models/smollm2-135m                  # the committed build (2 cores)
     python -m recipes.real.build /tmp/smollm2 --preset reduced        # CI: proves the script (slow test)
 
-The recipe is the embedded default's (harness/embedded/drafts.py, DeepSpec's): the target answers training
-prompts itself — GSM8K train questions, stdlib code-completion prompts, chat prompts from Python's prose; never
-an evaluation set — half greedily and half at T = 1; one target forward per sequence records the features and
-logits; every draft trains on that one cache **with the same budget in tokens: the same optimiser steps over the
+The recipe is the embedded default's (recipes/embedded/drafts.py, DeepSpec's): the target answers training
+prompts itself — GSM8K train questions, stdlib code-completion prompts, chat prompts from Python's prose and
+handwritten open-ended instructions (recipes/embedded/instructions.py, checked against MT-Bench); never an
+evaluation set — half greedily and half at T = 1; one target forward per sequence records the features and the
+log-probs at the draft vocabulary's candidate tokens only (dspark_core/target_cache.py: ≈ 22 KB per token
+instead of ≈ 100 KB for all 49,152, so the default's 191 k answer tokens fit in memory); every draft trains on that one cache **with the same budget in tokens: the same optimiser steps over the
 same sequences per step, and as many supervised positions per sequence** (DSpark/DFlash: `anchors_per_sequence`
 blocks of γ; Eagle3-style: γ/2 as many anchors, each supervising its 2 unrolled steps); STS is fitted per
 decoding temperature on held-out prompts.
@@ -20,7 +22,8 @@ Sizes, chosen so the repository stays under 48 MiB: one draft layer each with a 
 1536), three target feature layers, Markov rank 32, bf16 on disk, and the 49,152 × 576 embedding / LM head
 shared with the target (not stored). The draft vocabulary is the 8,192 tokens the target's cached answers use
 most (dspark_core/draft_vocabulary.py; ≈ 90% of held-out answer tokens): a training step is then several times
-cheaper than over 49,152 tokens, which buys the default its 1,200 steps over 128 prompts per domain. The choice
+cheaper than over 49,152 tokens, which buys the default its 2,000 steps over 256 prompts per domain (and 256
+instructions in chat). The choice
 is measured with `python -m recipes.real.ablate` (held-out α of drafts trained on one build's caches, per
 vocabulary and step count). Drafts train in fp32 even where the target runs in bf16: bf16 autocast did not train
 (recipes/embedded/drafts.py, `DraftPreset`), the likeliest cause of an earlier 8,192-token build's poor drafts

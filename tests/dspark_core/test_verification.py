@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy import stats
 
-from dspark_core.distributions import GREEDY_TEMPERATURE, logits_to_probs
+from dspark_core.distributions import GREEDY_TEMPERATURE, greedy_tokens, logits_to_probs
 from dspark_core import verification
 from dspark_core.verification import draw_verify_uniforms, rejection_sample, rejection_sample_greedy, verify
 from exact_distribution import chi2_gof
@@ -223,6 +223,17 @@ def test_batched_equals_alone_and_reference(seed: int, one_hot: bool):
     # The batch exercises every outcome kind.
     assert any(a == n > 0 for (a, _), n in zip(batched, lengths))  # all accepted + bonus
     assert any(a < n for (a, _), n in zip(batched, lengths))  # a rejection
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_tokens_are_argmax_with_its_tie_rule(dtype):
+    """The first maximal index, as `argmax`: a handful of values per row makes ties the rule, not the exception."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 3, (64, 4099), generator=gen).to(dtype)
+    logits[5] = 1.0  # a row of one value: index 0
+    assert torch.equal(greedy_tokens(logits), logits.argmax(-1)) and int(greedy_tokens(logits)[5]) == 0
+    three = torch.randn(2, 3, 50, generator=gen).to(dtype)
+    assert torch.equal(greedy_tokens(three), three.argmax(-1))
 
 
 @pytest.mark.parametrize("seed", range(3))
