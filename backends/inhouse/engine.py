@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from contracts.records import StepRecord
+from backends.inhouse.prefill_groups import prefill_groups
 from dspark_core.calibration import OnlineCalibrator
 from dspark_core.drafters.base import Drafter
 from dspark_core.drafters.deferred import DeferredObservations
@@ -197,33 +198,40 @@ class Engine:
 
     def _admit(self) -> tuple[int, list[Completed]]:
         """Prefill waiting requests into free slots: (how many were admitted, those already finished by their
-        prefill token)."""
-        admitted: list[tuple[int, Request]] = []
+        prefill token). Prompts of like length are prefilled together (`prefill_groups`: padding costs what
+        tokens cost), each batch into consecutive free slots where there are, so its KV slots are written in
+        place; a batch's first tokens are timed when its own prefill ends."""
+        requests: list[Request] = []
+        free: list[int] = []
         while self.waiting and self.free:
-            admitted.append((heapq.heappop(self.free), self.waiting.popleft()))
-        if not admitted:
+            requests.append(self.waiting.popleft())
+            free.append(heapq.heappop(self.free))
+        if not requests:
             return 0, []
         device = self.target.device
-        rows = torch.tensor([row for row, _ in admitted], device=device)  # empty: new, or emptied by `_finish`
-        slots = [
-            Running(r, torch.Generator(device="cpu").manual_seed(r.seed), RequestCounters(self.num_drafts),
-                    r.arrival_s if r.arrival_s is not None else self.clock())  # `submit` sets it
-            for _, r in admitted
-        ]
-        first = prefill(
-            self.target, self.drafter, self.state, rows, [r.prompt_ids for _, r in admitted],
-            torch.tensor([r.temperature for _, r in admitted], device=device), [s.generator for s in slots],
-        )
-        now = self.clock()
         done = []
-        for (row, request), slot, token in zip(admitted, slots, first.tolist()):
-            slot.first_token_s = now
-            slot.emissions.append((now, 1))
-            self.slots[row] = slot
-            reason = emit(slot.output, [token], request.max_new_tokens, request.stop_token_ids)
-            if reason is not None:
-                done.append(self._finish(row, reason, now))
-        return len(admitted), done
+        groups = prefill_groups([len(r.prompt_ids) for r in requests])
+        for group, rows_at in zip(groups, _consecutive(sorted(free), [len(g) for g in groups])):
+            batch = [requests[i] for i in group]
+            slots = [
+                Running(r, torch.Generator(device="cpu").manual_seed(r.seed), RequestCounters(self.num_drafts),
+                        r.arrival_s if r.arrival_s is not None else self.clock())  # `submit` sets it
+                for r in batch
+            ]
+            first = prefill(  # slots empty: new, or emptied by `_finish`
+                self.target, self.drafter, self.state, torch.tensor(rows_at, device=device),
+                [r.prompt_ids for r in batch], torch.tensor([r.temperature for r in batch], device=device),
+                [s.generator for s in slots],
+            )
+            now = self.clock()
+            for row, request, slot, token in zip(rows_at, batch, slots, first.tolist()):
+                slot.first_token_s = now
+                slot.emissions.append((now, 1))
+                self.slots[row] = slot
+                reason = emit(slot.output, [token], request.max_new_tokens, request.stop_token_ids)
+                if reason is not None:
+                    done.append(self._finish(row, reason, now))
+        return len(requests), done
 
     def _finish(self, row: int, reason: str, now: float) -> Completed:
         slot = self.slots.pop(row)
@@ -244,3 +252,12 @@ class Engine:
         while self.has_work:
             done += self.step()
         return done
+
+
+def _consecutive(rows: list[int], sizes: list[int]) -> list[list[int]]:
+    """`rows` (ascending) dealt out in runs of `sizes`, in order: consecutive slots stay together."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(rows[start : start + n])
+        start += n
+    return out
