@@ -191,13 +191,26 @@ class DraftInputs:
     work_dir: Path | None  # where the caches are kept; a build with one also keeps the drafts it already wrote
     vocabularies: dict = field(default_factory=dict)  # draft vocabulary size → (token ids, held-out coverage)
 
+    def check_vocabulary(self, size: int | None) -> None:
+        """Raises, before any training, when this cache cannot train a draft over `size` tokens (None: the whole
+        vocabulary): a compact cache keeps log-probabilities at its preset's draft vocabulary only
+        (dspark_core/target_cache.py), so it trains that vocabulary or a smaller one (a subset: see
+        `choose_vocabulary`), never a larger one."""
+        kept = self.cache.logit_ids
+        if kept is None:
+            return
+        if size is None:
+            raise ValueError(f"a draft over the whole vocabulary: this target cache keeps log-probabilities at "
+                             f"{kept.numel()} tokens only (its preset's draft_vocab_size); build the cache from a "
+                             f"preset without draft_vocab_size, or ask for {kept.numel()} tokens or fewer")
+        if size > kept.numel():
+            raise ValueError(f"a {size}-token draft vocabulary: this target cache keeps {kept.numel()} tokens only "
+                             f"(its preset's draft_vocab_size); build the cache with a larger one")
+
     def vocabulary(self, size: int) -> tuple[torch.Tensor, float]:
         """The `size`-token draft vocabulary chosen from the training answers, and its coverage of the held-out
         answers (which the choice never saw)."""
-        kept = self.cache.logit_ids
-        if kept is not None and size > kept.numel():
-            raise ValueError(f"a {size}-token draft vocabulary: this target cache keeps {kept.numel()} tokens only "
-                             f"(its preset's draft_vocab_size); build the cache with a larger one")
+        self.check_vocabulary(size)
         if size not in self.vocabularies:
             vocab = choose_vocabulary(answer_tokens(self.cache), self.corpus, self.tokenizer, size, self.cache.vocab_size)
             self.vocabularies[size] = vocab, coverage(vocab, answer_tokens(self.heldout))

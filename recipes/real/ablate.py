@@ -1,12 +1,14 @@
 """Which training choice makes a better draft: held-out acceptance for drafts trained on one build's caches.
 
-    python -m recipes.real.ablate models/smollm2-135m --methods dspark --vocab full 8192 --steps 300 600
+    python -m recipes.real.ablate models/smollm2-135m --methods dspark --vocab 8192 4096 --steps 300 600
 
 Every row trains one draft exactly as the build does (`recipes.embedded.drafts.train_one`: same caches, same
 seed, same preset but for the varied field) and scores it on the build's held-out cache: held-out loss, α (the
 analytic T = 1 acceptance per position, what τ grows with) and the coverage of a reduced vocabulary. The target
-caches are read from OUT_DIR/work where a build (or an earlier ablation) kept them, else built there
-(the default preset's: 4 min in bf16 on 2 AMX cores, 7.8 GB). Nothing is written to OUT_DIR/drafts: the table goes to stdout
+caches are read from OUT_DIR/work where a build (or an earlier ablation) kept them, else built there. A preset
+with a draft vocabulary keeps compact caches (log-probabilities at its draft_vocab_size tokens only), which
+train that vocabulary or a smaller one; `--vocab full` needs a preset without one, and a size the caches cannot
+train is refused before the first row. Nothing is written to OUT_DIR/drafts: the table goes to stdout
 and OUT_DIR/ablation.jsonl (one JSON row per draft, appended), so a choice made from it can be cited.
 
 α is deterministic for a seed, so rows compare without pairing; the seconds column is one unpaired
@@ -64,6 +66,8 @@ def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None],
     corpus = build_corpus(data_dir, p.caps)
     inputs = draft_inputs(model_refs.resolve(target).path, corpus, preset=p.drafts, seed=seed, drafts=REAL_DRAFTS,
                           log=log, work_dir=out / "work")
+    for vocab in vocabs:  # every row's vocabulary is checked against the caches before the first row trains
+        inputs.check_vocabulary(vocab)
     rows = []
     for name in methods:
         for vocab in vocabs:
@@ -92,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recipes.real.ablate", description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="a build directory: its work/ holds (or will hold) the target caches")
     parser.add_argument("--methods", nargs="+", default=["dspark"], choices=[d.name for d in REAL_DRAFTS], help="drafts to train")
-    parser.add_argument("--vocab", nargs="+", type=parse_vocab, default=[None], help="draft vocabulary sizes: 'full' or a count")
+    parser.add_argument("--vocab", nargs="+", type=parse_vocab, default=None,
+                        help="draft vocabulary sizes: 'full' or a count (default: the preset's)")
     parser.add_argument("--steps", nargs="+", type=int, default=None, help="optimiser steps (default: the preset's)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--target", default="smollm2-135m")
@@ -102,9 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None, help="dataset directory (default: $HARNESS_DATA_DIR)")
     args = parser.parse_args(argv)
     steps = args.steps or [PRESETS[args.preset].drafts.train.steps]
+    vocabs = args.vocab or [PRESETS[args.preset].drafts.draft_vocab_size]
     print(HEADER, flush=True)
-    ablate(args.out_dir, methods=args.methods, vocabs=args.vocab, steps=steps, preset=args.preset, target=args.target, seed=args.seed,
-           data_dir=args.data_dir, num_threads=args.threads, dtype=args.dtype, log=lambda line: print(line, flush=True))
+    try:
+        ablate(args.out_dir, methods=args.methods, vocabs=vocabs, steps=steps, preset=args.preset, target=args.target,
+               seed=args.seed, data_dir=args.data_dir, num_threads=args.threads, dtype=args.dtype,
+               log=lambda line: print(line, flush=True))
+    except ValueError as e:  # a vocabulary the caches cannot train, an unknown draft: one line, not a traceback
+        parser.error(str(e))
     return 0
 
 

@@ -89,19 +89,25 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
     assert (out / "card.yaml").exists()
 
     # The ablation command trains from the build's kept caches exactly as the build did: the row with the
-    # build's settings reproduces the build's DSpark draft; a row with another vocabulary differs.
+    # build's settings reproduces the build's DSpark draft; a row with a smaller vocabulary (a subset of the
+    # compact cache's tokens) differs. The whole vocabulary is refused before any row trains.
     from recipes.real.ablate import ablate
 
     reduced = PRESETS["reduced"].drafts
+    half = reduced.draft_vocab_size // 2
     try:
-        rows = ablate(out, methods=["dspark"], vocabs=[reduced.draft_vocab_size, None], steps=[reduced.train.steps],
+        with pytest.raises(ValueError, match="whole vocabulary: this target cache keeps log-probabilities at 2048"):
+            ablate(out, methods=["dspark"], vocabs=[reduced.draft_vocab_size, None], steps=[reduced.train.steps],
+                   preset="reduced", num_threads=1, data_dir=str(data_dir), log=lambda _: None)
+        assert not (out / "ablation.jsonl").exists()
+        rows = ablate(out, methods=["dspark"], vocabs=[reduced.draft_vocab_size, half], steps=[reduced.train.steps],
                       preset="reduced", num_threads=1, data_dir=str(data_dir), log=lambda _: None)
     finally:
         torch.set_num_threads(threads)
     built = next(d for d in summary["drafts"] if d["name"] == "dspark")
     assert rows[0].heldout_acceptance == pytest.approx(built["heldout_acceptance"], abs=1e-6)
     assert rows[0].vocab_coverage == pytest.approx(built["draft_vocab_coverage"])
-    assert rows[1].vocab_coverage is None and rows[1].heldout_ce != pytest.approx(rows[0].heldout_ce)
+    assert rows[1].vocab_coverage <= rows[0].vocab_coverage and rows[1].heldout_ce != pytest.approx(rows[0].heldout_ce)
     assert len((out / "ablation.jsonl").read_text().splitlines()) == 2
 
 
