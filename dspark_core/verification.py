@@ -144,12 +144,13 @@ def verify(
     kernels/rejection.py, with `rejection_sample` as its twin).
 
     The uniforms are drawn even for greedy requests, so a request's random stream does not depend on its
-    neighbours' temperatures. Host-side temperatures that are all greedy take the argmax-only path (the
-    general one computes a softmax and a one-hot per verified row, for nothing); device-side ones would
-    need a sync to find that out, so they take it only where the caller says so through the kernel."""
+    neighbours' temperatures. Temperatures that are all greedy take the argmax-only path (the general one
+    computes a softmax and a one-hot per verified row, for nothing). On CUDA, finding that out reads R
+    temperatures back to the host: one small sync, where the step syncs right after anyway (it reads the
+    accepted counts to commit them), against a softmax over the vocabulary per verified row."""
     accept_u, sample_u = draw_verify_uniforms(generators, cu_num_drafts[1:] - cu_num_drafts[:-1])
     device = target_logits.device
-    all_greedy = temperatures.device.type == "cpu" and bool(is_greedy(temperatures).all())
+    all_greedy = bool(is_greedy(temperatures).all())
     return dispatch_rejection_sample(
         target_logits, draft_token_ids, cu_num_drafts, draft_probs, temperatures,
         accept_u.to(device), sample_u.to(device), all_greedy=all_greedy,

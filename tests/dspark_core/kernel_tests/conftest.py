@@ -2,9 +2,10 @@
 
 TRITON_INTERPRET is read when a `@triton.jit` function is defined, i.e. when dspark_core.kernels imports a
 kernel module, which it does lazily on the first Triton dispatch: setting it here, before any test of this
-folder runs, is early enough. (This folder is a package, `kernels`, so that this conftest does not shadow
+folder runs, is early enough. (This folder is a package, `kernel_tests`, so that this conftest does not shadow
 tests/conftest.py, which other test modules import as `conftest`; the tests here import nothing by that
-name, only its fixtures.)
+name, only its fixtures. Not `kernels`: pytest puts its parent on sys.path, and transformers imports a
+top-level `kernels` package, Hugging Face's, where it finds one.)
 """
 
 from __future__ import annotations

@@ -71,17 +71,19 @@ def _run_script(target: TargetModel) -> list[torch.Tensor]:
     cache = target.new_cache(3, 32)
     outs = []
 
+    device = target.device  # the engine's index tensors live where the cache does
+
     def forward(rows, lengths):
         width = max(lengths)
-        tokens = torch.randint(0, target.vocab_size, (len(rows), width), generator=g)
-        n = torch.tensor(lengths)
-        out = target.forward(cache, torch.tensor(rows), tokens, n)
-        valid = torch.arange(width)[None, :] < n[:, None]
+        tokens = torch.randint(0, target.vocab_size, (len(rows), width), generator=g).to(device)
+        n = torch.tensor(lengths, device=device)
+        out = target.forward(cache, torch.tensor(rows, device=device), tokens, n)
+        valid = torch.arange(width, device=device)[None, :] < n[:, None]
         outs.extend([out.logits[valid], out.features[valid]])
 
     forward([0, 1, 2], [5, 2, 7])
     forward([0, 1, 2], [4, 8, 1])
-    cache.rollback(torch.tensor([0, 1, 2]), torch.tensor([6, 4, 8]))
+    cache.rollback(torch.tensor([0, 1, 2], device=device), torch.tensor([6, 4, 8], device=device))
     forward([2, 0], [3, 5])
     forward([1], [1])
     return outs

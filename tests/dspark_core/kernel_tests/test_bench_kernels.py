@@ -2,7 +2,7 @@
 call must move and the bandwidth achieved, against the device's peak (a measured device-to-device copy, and
 the datasheet figure where the device is known).
 
-    python -m pytest tests/dspark_core/kernels/test_bench_kernels.py --benchmark-enable \\
+    python -m pytest tests/dspark_core/kernel_tests/test_bench_kernels.py --benchmark-enable \\
         --benchmark-json=gpu_kernels.json          # then: harness ingest gpu_kernels.json
 
 `extra_info` of every benchmark: impl (triton | torch), bytes (the minimum traffic of the kernel's design:
