@@ -37,6 +37,8 @@ def test_engine_ratio_pairs_rounds_per_concurrency():
     spec = importlib.util.spec_from_file_location("benchmarks_engine_ratio", path)
     engine_ratio = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(engine_ratio)
-    rows = [("inhouse", 1, 0, 20.0), ("vllm", 1, 0, 25.0), ("inhouse", 1, 1, 30.0), ("vllm", 1, 1, 30.0),
-            ("inhouse", 16, 0, 90.0), ("vllm", 16, 1, 100.0)]  # c 16 has no round with both: no pair
-    assert engine_ratio.round_ratios(rows) == {1: [0.8, 1.0]}
+    rows = [("inhouse", "none", 1, 0, 20.0), ("vllm", "none", 1, 0, 25.0), ("inhouse", "dspark", 1, 0, 50.0),
+            ("inhouse", "none", 1, 1, 30.0), ("vllm", "none", 1, 1, 30.0), ("inhouse", "dspark", 1, 1, None),
+            ("inhouse", "none", 16, 0, 90.0), ("vllm", "none", 16, 1, 100.0)]  # c 16 has no round with both
+    # every in-house cell over vLLM's plain cell of its own round: plain and DSpark against the same baseline
+    assert engine_ratio.round_ratios(rows) == {("none", 1): [0.8, 1.0], ("dspark", 1): [2.0]}
