@@ -18,7 +18,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from dspark_core.distributions import draw_uniforms, logits_to_probs, sample_from_probs
+from dspark_core.distributions import draw_uniforms, greedy_tokens, is_greedy, logits_to_probs, sample_from_probs
 from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.drafters.config import DraftConfig
 from dspark_core.drafters.heads import SEQUENTIAL_HEADS, ConfidenceHead, MarkovHead
@@ -66,11 +66,17 @@ class DSparkModel(TargetFedDraft):
 
     def sample_block(
         self, h: Tensor, anchor_ids: Tensor, temperatures: Tensor, uniforms: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Drafting: sample the block position by position, x_0 = the anchor. h [R, n, hidden], anchor_ids [R],
         temperatures [R], uniforms [R, n] → target token ids [R, n], draft probs [R, n, target vocab] fp32 (zero
         outside a reduced draft vocabulary), confidence logits [R, n] (None without a confidence head). The
-        torch twin of kernels/markov_draft.py."""
+        torch twin of kernels/markov_draft.py.
+
+        When every row is greedy the draft distribution is the one-hot on each position's argmax, which
+        `DraftProposal.draft_probs = None` already means: the block is drafted by argmax alone and no probs are
+        returned, sparing γ softmaxes, one-hots and CDFs and a [R, n, target vocab] copy per step (the same
+        tokens: the inverse-CDF sample of a one-hot is its argmax)."""
+        greedy = bool(is_greedy(temperatures).all())
         prev = anchor_ids
         head_state = self.markov_head.init_state(h.shape[0], h.device) if self.markov_head is not None else None
         # The LM head over the whole block in one matmul, as the kernel takes it: only the Markov bias needs the
@@ -79,13 +85,17 @@ class DSparkModel(TargetFedDraft):
         tokens, probs, confs = [], [], []
         for k in range(h.shape[1]):
             logits, conf, head_state = self.head_outputs(h[:, k], prev, head_state, backbone[:, k])
-            p = logits_to_probs(logits, temperatures)
-            prev = self.to_target_ids(sample_from_probs(p, uniforms[:, k]))  # W1 and the proposal read target ids
+            if greedy:
+                index = greedy_tokens(logits)
+            else:
+                p = logits_to_probs(logits, temperatures)
+                index = sample_from_probs(p, uniforms[:, k])
+                probs.append(p)
+            prev = self.to_target_ids(index)  # W1 and the proposal read target ids
             tokens.append(prev)
-            probs.append(p)
             confs.append(conf)
         conf_t = torch.stack(cast(list[Tensor], confs), dim=1) if confs and confs[0] is not None else None
-        return torch.stack(tokens, dim=1), self.full_vocab_probs(torch.stack(probs, dim=1)), conf_t
+        return torch.stack(tokens, dim=1), self.full_vocab_probs(torch.stack(probs, dim=1)) if probs else None, conf_t
 
     def teacher_forced(self, h: Tensor, prev_ids: Tensor) -> tuple[Tensor, Tensor | None]:
         """Training: h [batch, n, hidden], prev_ids [batch, n] (true previous target tokens) → logits over the
@@ -170,7 +180,7 @@ class DSparkDrafter:
 
 def draft_block(
     model: DSparkModel, h: Tensor, anchor_ids: Tensor, temperatures: Tensor, uniforms: Tensor
-) -> tuple[Tensor, Tensor, Tensor | None]:
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """DSpark's sequential head over a drafted block: h [R, n, hidden] (final-normed backbone output),
     anchor_ids [R], temperatures [R], uniforms [R, n] → target token ids [R, n] long, draft probs
     [R, n, target vocab] fp32, confidence logits [R, n] fp32 (None without a confidence head).
