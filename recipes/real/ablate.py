@@ -1,9 +1,10 @@
 """Which training choice makes a better draft: held-out acceptance for drafts trained on one build's caches.
 
     python -m recipes.real.ablate models/smollm2-135m --methods dspark --vocab 8192 4096 --steps 300 600
+    python -m recipes.real.ablate models/smollm2-135m --methods dspark --layers 1 2 --markov-rank 32 64
 
 Every row trains one draft exactly as the build does (`recipes.embedded.drafts.train_one`: same caches, same
-seed, same preset but for the varied field) and scores it on the build's held-out cache: held-out loss, α (the
+seed, same preset but for the varied fields: vocabulary, steps, draft layers, Markov rank) and scores it on the build's held-out cache: held-out loss, α (the
 analytic T = 1 acceptance per position, what τ grows with) and the coverage of a reduced vocabulary. The target
 caches are read from OUT_DIR/work where a build (or an earlier ablation) kept them, else built there. A preset
 with a draft vocabulary keeps compact caches (log-probabilities at its draft_vocab_size tokens only), which
@@ -18,6 +19,7 @@ measurement of training time, a guide to cost and not a ratio to quote.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from dataclasses import dataclass, replace
@@ -35,6 +37,8 @@ class AblationRow:
     method: str
     draft_vocab_size: int | None  # None: the target's whole vocabulary
     steps: int
+    num_layers: int
+    markov_rank: int  # the config's (a draft without a Markov head ignores it)
     vocab_coverage: float | None
     heldout_loss: float
     heldout_ce: float
@@ -52,8 +56,16 @@ def parse_vocab(value: str) -> int | None:
     return size
 
 
+def positive_count(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"takes a positive count, not {value!r}")
+    return int(value)
+
+
 def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None], steps: list[int], preset: str = "default", target: str = "smollm2-135m",
-           seed: int = 0, data_dir: str | None = None, num_threads: int = 2, dtype: str = "auto", log=print) -> list[AblationRow]:
+           seed: int = 0, data_dir: str | None = None, num_threads: int = 2, dtype: str = "auto", log=print,
+           layers: list[int] | None = None, ranks: list[int] | None = None) -> list[AblationRow]:
+    """One row per (method, vocabulary, steps, layers, Markov rank); `layers` / `ranks` None: the preset's."""
     from inputs import model_refs
 
     out = Path(out_dir)
@@ -70,12 +82,15 @@ def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None],
         inputs.check_vocabulary(vocab)
     rows = []
     for name in methods:
-        for vocab in vocabs:
-            for n in steps:
+        base = inputs.configs[name]
+        for num_layers, rank in itertools.product(layers or [base.num_layers], ranks or [base.markov_rank]):
+            shaped = replace(inputs, configs={**inputs.configs,
+                                              name: replace(base, num_layers=num_layers, markov_rank=rank)})
+            for vocab, n in itertools.product(vocabs, steps):
                 start = time.perf_counter()
-                trained = train_one(inputs, specs[name], replace(p.drafts.train, steps=n, seed=seed), vocab)
-                row = AblationRow(name, vocab, n, trained.vocab_coverage, float(trained.heldout.total), trained.heldout.ce,
-                                  trained.heldout.acceptance, time.perf_counter() - start, seed)
+                trained = train_one(shaped, specs[name], replace(p.drafts.train, steps=n, seed=seed), vocab)
+                row = AblationRow(name, vocab, n, num_layers, rank, trained.vocab_coverage, float(trained.heldout.total),
+                                  trained.heldout.ce, trained.heldout.acceptance, time.perf_counter() - start, seed)
                 rows.append(row)
                 log(format_row(row))
                 with (out / "ablation.jsonl").open("a") as f:
@@ -83,13 +98,14 @@ def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None],
     return rows
 
 
-HEADER = "| draft | vocab | steps | coverage | held-out loss | held-out CE | held-out α | train s |\n|---|---|---|---|---|---|---|---|"
+HEADER = ("| draft | vocab | steps | layers | rank | coverage | held-out loss | held-out CE | held-out α | train s |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
 
 
 def format_row(r: AblationRow) -> str:
     coverage = "1" if r.vocab_coverage is None else f"{r.vocab_coverage:.3f}"
-    return (f"| {r.method} | {r.draft_vocab_size or 'full'} | {r.steps} | {coverage} | {r.heldout_loss:.3f} | "
-            f"{r.heldout_ce:.3f} | {r.heldout_acceptance:.3f} | {r.train_seconds:.0f} |")
+    return (f"| {r.method} | {r.draft_vocab_size or 'full'} | {r.steps} | {r.num_layers} | {r.markov_rank} | {coverage} | "
+            f"{r.heldout_loss:.3f} | {r.heldout_ce:.3f} | {r.heldout_acceptance:.3f} | {r.train_seconds:.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", nargs="+", type=parse_vocab, default=None,
                         help="draft vocabulary sizes: 'full' or a count (default: the preset's)")
     parser.add_argument("--steps", nargs="+", type=int, default=None, help="optimiser steps (default: the preset's)")
+    parser.add_argument("--layers", nargs="+", type=positive_count, default=None, help="draft decoder layers (default: the build's)")
+    parser.add_argument("--markov-rank", nargs="+", type=positive_count, default=None,
+                        help="rank r of DSpark's Markov head and confidence input (default: the preset's)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--seed", type=int, default=0)
@@ -112,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ablate(args.out_dir, methods=args.methods, vocabs=vocabs, steps=steps, preset=args.preset, target=args.target,
                seed=args.seed, data_dir=args.data_dir, num_threads=args.threads, dtype=args.dtype,
-               log=lambda line: print(line, flush=True))
+               log=lambda line: print(line, flush=True), layers=args.layers, ranks=args.markov_rank)
     except ValueError as e:  # a vocabulary the caches cannot train, an unknown draft: one line, not a traceback
         parser.error(str(e))
     return 0

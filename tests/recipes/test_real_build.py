@@ -108,7 +108,12 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
     assert rows[0].heldout_acceptance == pytest.approx(built["heldout_acceptance"], abs=1e-6)
     assert rows[0].vocab_coverage == pytest.approx(built["draft_vocab_coverage"])
     assert rows[1].vocab_coverage <= rows[0].vocab_coverage and rows[1].heldout_ce != pytest.approx(rows[0].heldout_ce)
-    assert len((out / "ablation.jsonl").read_text().splitlines()) == 2
+    assert (rows[0].num_layers, rows[0].markov_rank) == (1, 32)  # the build's shape
+    shaped = ablate(out, methods=["dspark"], vocabs=[reduced.draft_vocab_size], steps=[reduced.train.steps],
+                    preset="reduced", num_threads=1, data_dir=str(data_dir), log=lambda _: None, layers=[2], ranks=[8])
+    assert (shaped[0].num_layers, shaped[0].markov_rank) == (2, 8)
+    assert shaped[0].heldout_ce != pytest.approx(rows[0].heldout_ce)  # another draft, same caches
+    assert len((out / "ablation.jsonl").read_text().splitlines()) == 3
 
 
 def test_ablation_command_reads_vocabularies_and_refuses_unknown_ones(capsys):
@@ -121,3 +126,6 @@ def test_ablation_command_reads_vocabularies_and_refuses_unknown_ones(capsys):
     with pytest.raises(SystemExit):
         main(["/nonexistent", "--methods", "medusa"])
     assert "invalid choice: 'medusa'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["/nonexistent", "--layers", "2", "0"])
+    assert "argument --layers: takes a positive count, not '0'" in capsys.readouterr().err
