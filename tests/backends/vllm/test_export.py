@@ -49,8 +49,8 @@ def target(target_dir):
     return TargetModel.from_pretrained(str(target_dir), dtype=torch.float32)
 
 
-def _greedy_proposals(model, seed=0, num_ctx=6, num_drafts=5):
-    """Greedy drafts for three rows of random context features and tokens."""
+def _proposals(model, seed=0, num_ctx=6, num_drafts=5, temperature=0.0):
+    """Drafts for three rows of random context features and tokens (greedy by default: tokens, no probs)."""
     drafter = as_drafter(model)
     c = model.config
     gen = torch.Generator().manual_seed(seed)
@@ -60,7 +60,7 @@ def _greedy_proposals(model, seed=0, num_ctx=6, num_drafts=5):
     state = drafter.start(3, 16)
     drafter.observe(state, rows, token_ids[:, :num_ctx], features, torch.full((3,), num_ctx))
     step = DraftStep(rows=rows, token_ids=token_ids, num_tokens=torch.full((3,), num_ctx + 1), num_drafts=num_drafts,
-                     temperatures=torch.zeros(3), generators=[torch.Generator().manual_seed(r) for r in range(3)])
+                     temperatures=torch.full((3,), temperature), generators=[torch.Generator().manual_seed(r) for r in range(3)])
     return drafter.propose(state, step)
 
 
@@ -78,11 +78,13 @@ def test_round_trip_same_proposals(target, target_dir, tmp_path, method, confide
     names = set(load_file(tmp_path / "vllm" / "model.safetensors"))
     assert not any(n.startswith("model.") for n in names) and "embed_tokens.weight" not in names
     loaded = load_deepspec_draft(tmp_path / "vllm", target=target)
-    a, b = _greedy_proposals(model), _greedy_proposals(loaded)
+    a, b = _proposals(model), _proposals(loaded)
     assert torch.equal(a.token_ids, b.token_ids)
-    assert torch.equal(a.draft_probs, b.draft_probs)
     if confidence:
         assert torch.allclose(a.confidence_logits, b.confidence_logits)
+    a, b = _proposals(model, temperature=1.0), _proposals(loaded, temperature=1.0)  # sampled: the whole law
+    assert torch.equal(a.token_ids, b.token_ids)
+    assert torch.equal(a.draft_probs, b.draft_probs)
 
 
 @pytest.mark.parametrize("method", ["dspark", "dflash"])
@@ -103,7 +105,7 @@ def test_reduced_vocabulary_exports_its_head_rows_and_d2t_offsets(target, target
     assert vllm_tensor_shapes(hf)["d2t"] == (40,)
     loaded = load_deepspec_draft(tmp_path / "vllm", target=target)
     assert torch.equal(loaded.draft_to_target, vocab)
-    a, b = _greedy_proposals(model), _greedy_proposals(loaded)
+    a, b = _proposals(model, temperature=1.0), _proposals(loaded, temperature=1.0)
     assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.draft_probs, b.draft_probs)
     del stored["d2t"]
     save_file(stored, tmp_path / "vllm" / "model.safetensors")
@@ -177,7 +179,7 @@ def test_embeddings_that_differ_from_the_target_are_written(target, target_dir, 
     assert report.shared_with_target == ("embed_tokens.weight",)
     assert "lm_head.weight" in load_file(tmp_path / "vllm" / "model.safetensors")
     loaded = load_deepspec_draft(tmp_path / "vllm", target=target)
-    assert torch.equal(_greedy_proposals(model).token_ids, _greedy_proposals(loaded).token_ids)
+    assert torch.equal(_proposals(model).token_ids, _proposals(loaded).token_ids)
     export_vllm(tmp_path / "ours", tmp_path / "all", target_dir=target_dir, include_embeddings=True)
     assert {"embed_tokens.weight", "lm_head.weight"} <= set(load_file(tmp_path / "all" / "model.safetensors"))
 
