@@ -51,6 +51,17 @@ def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
     return idx.clamp_(max=probs.shape[-1] - 1)
 
 
+def draw_position(logits: Tensor, temperatures: Tensor, uniforms: Tensor, greedy: bool) -> tuple[Tensor, Tensor | None]:
+    """One drafted position: (index [R] into the last dimension, fp32 probs [R, V] it was drawn from). `greedy`:
+    the caller knows every row is greedy, so the index is the argmax and no probs are made: the law is the
+    one-hot on it, which a drafter reports as `draft_probs = None` (the inverse-CDF sample of that one-hot is the
+    same argmax), sparing a softmax, a one-hot and a CDF over the vocabulary per position."""
+    if greedy:
+        return greedy_tokens(logits), None
+    probs = logits_to_probs(logits, temperatures)
+    return sample_from_probs(probs, uniforms), probs
+
+
 def draw_uniforms(generators: list[torch.Generator], count: int, device: torch.device | str = "cpu") -> Tensor:
     """[len(generators), count] uniforms, one independent stream per request."""
     if count == 0 or not generators:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dspark_core.distributions import draw_uniforms, greedy_tokens, is_greedy, logits_to_probs, sample_from_probs
+from dspark_core.distributions import draw_position, draw_uniforms, is_greedy
 from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.kv_slots import KVSlots
 from dspark_core.target import TargetModel
@@ -135,11 +135,8 @@ class DraftModelDrafter:
                 break
             out = self.model.forward(state, rows, token[:, None], active.long())
             logits = out.logits[:, 0]  # [R, V]
-            if probs is None:  # every row greedy
-                token = greedy_tokens(logits)
-            else:
-                p = logits_to_probs(logits, temperatures)
-                token = sample_from_probs(p, uniforms[:, k])
+            token, p = draw_position(logits, temperatures, uniforms[:, k], greedy)
+            if probs is not None and p is not None:
                 probs[:, k] = p
             token = torch.where(active, token, torch.zeros_like(token))
             tokens[:, k] = token

@@ -18,7 +18,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from dspark_core.distributions import draw_uniforms, greedy_tokens, is_greedy, logits_to_probs, sample_from_probs
+from dspark_core.distributions import draw_position, draw_uniforms, is_greedy
 from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.drafters.config import DraftConfig
 from dspark_core.drafters.heads import SEQUENTIAL_HEADS, ConfidenceHead, MarkovHead
@@ -72,10 +72,8 @@ class DSparkModel(TargetFedDraft):
         outside a reduced draft vocabulary), confidence logits [R, n] (None without a confidence head). The
         torch twin of kernels/markov_draft.py.
 
-        When every row is greedy the draft distribution is the one-hot on each position's argmax, which
-        `DraftProposal.draft_probs = None` already means: the block is drafted by argmax alone and no probs are
-        returned, sparing γ softmaxes, one-hots and CDFs and a [R, n, target vocab] copy per step (the same
-        tokens: the inverse-CDF sample of a one-hot is its argmax)."""
+        When every row is greedy no probs are returned (None: one-hot drafts, `distributions.draw_position`), which
+        also spares the [R, n, target vocab] copy per step."""
         greedy = bool(is_greedy(temperatures).all())
         prev = anchor_ids
         head_state = self.markov_head.init_state(h.shape[0], h.device) if self.markov_head is not None else None
@@ -85,11 +83,8 @@ class DSparkModel(TargetFedDraft):
         tokens, probs, confs = [], [], []
         for k in range(h.shape[1]):
             logits, conf, head_state = self.head_outputs(h[:, k], prev, head_state, backbone[:, k])
-            if greedy:
-                index = greedy_tokens(logits)
-            else:
-                p = logits_to_probs(logits, temperatures)
-                index = sample_from_probs(p, uniforms[:, k])
+            index, p = draw_position(logits, temperatures, uniforms[:, k], greedy)
+            if p is not None:
                 probs.append(p)
             prev = self.to_target_ids(index)  # W1 and the proposal read target ids
             tokens.append(prev)
@@ -183,7 +178,7 @@ def draft_block(
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """DSpark's sequential head over a drafted block: h [R, n, hidden] (final-normed backbone output),
     anchor_ids [R], temperatures [R], uniforms [R, n] → target token ids [R, n] long, draft probs
-    [R, n, target vocab] fp32, confidence logits [R, n] fp32 (None without a confidence head).
+    [R, n, target vocab] fp32 (None from the twin when every row is greedy), confidence logits [R, n] fp32 (None without a confidence head).
 
     The dispatch of `kernels/markov_draft.py` (the Markov head and no head, DFlash) beside its twin
     `DSparkModel.sample_block`, which runs for gated/RNN heads and off the Triton path.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dspark_core.distributions import draw_uniforms, greedy_tokens, is_greedy, logits_to_probs, sample_from_probs
+from dspark_core.distributions import draw_position, draw_uniforms, is_greedy
 from dspark_core.drafters.base import DraftProposal, DraftStep
 from dspark_core.drafters.config import DraftConfig
 from dspark_core.drafters.layers import TargetFedDraft
@@ -106,18 +106,14 @@ class Eagle3Drafter:
         past_valid = state.kv.valid_mask(rows, max_past)  # [R, max_past]
         uniforms = draw_uniforms(step.generators, n, self.device)
         token, feature, position = step.anchor_ids, state.last_feature[rows], step.anchor_positions
-        greedy = bool(is_greedy(step.temperatures).all())  # one-hot drafts: argmax alone, no probs (dspark.py)
+        greedy = bool(is_greedy(step.temperatures).all())  # one-hot drafts: no probs (draw_position)
         tokens, probs = [], []
         for k in range(n):
             mask = torch.cat([past_valid, torch.ones(num_rows, k + 1, dtype=torch.bool, device=self.device)], dim=1)
             out, new_kv = self.model.decode(token[:, None], feature[:, None], position[:, None], past, mask[:, None])
             past = [(torch.cat([pk, nk], dim=2), torch.cat([pv, nv], dim=2)) for (pk, pv), (nk, nv) in zip(past, new_kv)]
-            logits = self.model.logits(out[:, 0])
-            if greedy:
-                index = greedy_tokens(logits)
-            else:
-                p = logits_to_probs(logits, step.temperatures)
-                index = sample_from_probs(p, uniforms[:, k])
+            index, p = draw_position(self.model.logits(out[:, 0]), step.temperatures, uniforms[:, k], greedy)
+            if p is not None:
                 probs.append(p)
             token = self.model.to_target_ids(index)
             feature, position = out[:, 0], position + 1

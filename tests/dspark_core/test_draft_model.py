@@ -262,7 +262,7 @@ def test_a_misreported_draft_law_fails_the_test(monkeypatch):
     """BROKEN on purpose: the drafter samples at twice the temperature (from ∝ √p_d) but reports p_d. A
     drafter is lossless only when it reports the law it sampled from; the χ² test must see the difference.
     (Reporting no law at all — one-hot drafts — would be lossless: the verifier is exact for any fixed draft.)"""
-    import dspark_core.drafters.draft_model as module
+    import dspark_core.distributions as module  # drafters draw through its draw_position; verification holds its own
 
     real = module.sample_from_probs
     monkeypatch.setattr(module, "sample_from_probs", lambda probs, uniforms: real(probs.sqrt(), uniforms))
