@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.report.model_card import card_json, card_rows, card_sections
+from harness.report.model_card import card_json, card_rows, card_sections, pooled_calibration
 from recipes.embedded.card import drafts_table
 
 
@@ -50,8 +50,10 @@ def write_card(root: str | Path, db: str | Path | None = None, run_id: str | Non
     run_id = run_id or data["card_run"]
     with Store.open(db or root / "card.duckdb", read_only=True) as store:
         rows = card_rows(store.con, run_id)
-    lines = header_lines(data["build"], data["drafts"]) + ["", f"Measured by harness run `{run_id}`.", ""] + card_sections(rows)
-    (root / "card.json").write_text(card_json(rows))
+        pooled = pooled_calibration(store.con, run_id, temperature=1.0)
+    lines = (header_lines(data["build"], data["drafts"]) + ["", f"Measured by harness run `{run_id}`.", ""]
+             + card_sections(rows, pooled))
+    (root / "card.json").write_text(card_json(rows, pooled))
     path = root / "MODEL_CARD.md"
     path.write_text("\n".join(lines) + "\n")
     return path

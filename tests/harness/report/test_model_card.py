@@ -7,9 +7,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from harness.gate.data import ConfidenceCycles
+from harness.gate.data import ConfidenceCycles, confidence_cycles
 from harness.gate.stats import ece_table
-from harness.report.model_card import ZERO, Interval, card_rows, card_sections, ece_floor, ece_gain, relations
+from harness.report.model_card import (ZERO, Interval, card_rows, card_sections, ece_floor, ece_gain, pooled_calibration,
+                                       relations)
 from harness.store import Store
 from report_fixtures import make_cell, make_result, record_run
 
@@ -109,3 +110,43 @@ def test_an_ece_gain_too_small_to_print_is_not_a_hold(tmp_path):
     assert verdict(Interval(0.0002, 0.0001, 0.0003)) == "overlap"
     assert verdict(Interval(0.01, 0.004, 0.02)) == "holds"
     assert verdict(Interval(-0.01, -0.02, -0.004)) == "does not hold"
+
+
+def test_the_ece_goal_is_judged_on_one_ece_over_every_task_pooled(tmp_path):
+    """Two T = 1 tasks: the pooled ECE is the ECE of their cycles measured together (each cell's conversations
+    its own units), not a mean of the two per-task ECEs; the goal's verdict reads its interval against 2%."""
+    store = Store.open(tmp_path / "pooled.duckdb")
+    plain = make_result(1, gamma=0, num_requests=40)
+    cells = [(make_cell("plain", 0, task=t, temperature=1.0), plain, None) for t in ("gsm8k", "mt_bench")]
+    cells += [(make_cell("dspark", 4, task=t, temperature=1.0),
+               make_result(20 + i, gamma=4, accept=a, confidences=True, plain=plain, num_requests=40), None)
+              for i, (t, a) in enumerate((("gsm8k", 0.8), ("mt_bench", 0.4)))]
+    run_id = record_run(store, cells)
+    with store:
+        rows = [r for r in card_rows(store.con, run_id) if r.drafter == "dspark"]
+        pooled = pooled_calibration(store.con, run_id, temperature=1.0)
+        assert pooled_calibration(store.con, run_id, temperature=0.0) is None  # no T = 0 cell
+        parts = [confidence_cycles(store.con, run_id, r.cell_id) for r in rows]
+    assert pooled is not None and pooled.tasks == ("gsm8k", "mt_bench") and pooled.cells == 2
+    assert pooled.raw.confidences == sum(r.confidences for r in rows) > 0
+    logits = np.concatenate([c.logits for c in parts])
+    verified = np.concatenate([c.num_verified for c in parts])
+    accepted = np.concatenate([c.num_accepted for c in parts])
+    units = np.concatenate([c.prompt_index + 1000 * i for i, c in enumerate(parts)])
+    _, unit = np.unique(units, return_inverse=True)
+    direct = ece_table(logits, verified, accepted, unit, int(unit.max()) + 1)
+    assert pooled.raw.ece.value == pytest.approx(float(direct.ece(np.ones((1, int(unit.max()) + 1)))[0]))
+    weighted = sum(r.ece_raw.value * r.confidences for r in rows) / pooled.raw.confidences
+    assert pooled.raw.ece.value != pytest.approx(weighted)
+    assert pooled.raw.ece.low <= pooled.raw.ece.value <= pooled.raw.ece.high
+
+    def verdict(ece: Interval, n: int = 20_000) -> str:
+        measure = pooled.calibrated._replace(ece=ece, confidences=n)
+        return next(v for c, v, _ in relations(rows, replace(pooled, calibrated=measure)) if "≤ 2%" in c)
+
+    assert verdict(Interval(0.012, 0.010, 0.018)) == "holds"
+    assert verdict(Interval(0.018, 0.015, 0.030)) == "overlap"  # the point below 2%, the interval not
+    assert verdict(Interval(0.040, 0.030, 0.050)) == "does not hold"
+    assert verdict(Interval(0.012, 0.010, 0.018), n=9_000) == "too few confidences"
+    text = "\n".join(card_sections(rows, pooled))
+    assert "gsm8k + mt_bench (pooled)" in text and "not a mean of their ECEs" in text
