@@ -454,18 +454,19 @@ def _num(x: float | None, digits: int = 3) -> str:
 
 
 def card_json(rows: list[CardRow], pooled: PooledCalibration | None = None) -> str:
-    """The card's figures as JSON (what a rebuild is compared against): one object per cell, and the pooled
-    calibration as one more object (`"pooled": true`)."""
+    """The card's figures as JSON (what a rebuild is compared against): `cells`, one object per cell, and
+    `pooled_calibration`, the ECE over every task's confidences together (null when the run has none). Two named
+    parts rather than one list: a reader of cells never meets an object of another shape."""
     def plain(value):
         if isinstance(value, Interval):
             return {"value": value.value, "low": value.low, "high": value.high}
         if isinstance(value, tuple):
             return [plain(v) for v in value]
         return value
-    out = [{k: plain(v) for k, v in r.__dict__.items()} for r in rows]
-    if pooled is not None:
-        out.append({"pooled": True, "temperature": pooled.temperature, "tasks": list(pooled.tasks), "cells": pooled.cells,
-                    "confidences": pooled.raw.confidences, "ece_raw": plain(pooled.raw.ece),
-                    "ece_floor_raw": pooled.raw.floor, "ece_calibrated": plain(pooled.calibrated.ece),
-                    "ece_floor_calibrated": pooled.calibrated.floor, "ece_gain": plain(pooled.gain)})
-    return json.dumps(out, indent=1)
+    cells = [{k: plain(v) for k, v in r.__dict__.items()} for r in rows]
+    calibration = None if pooled is None else {
+        "temperature": pooled.temperature, "tasks": list(pooled.tasks), "cells": pooled.cells,
+        "confidences": pooled.raw.confidences, "ece_raw": plain(pooled.raw.ece), "ece_floor_raw": pooled.raw.floor,
+        "ece_calibrated": plain(pooled.calibrated.ece), "ece_floor_calibrated": pooled.calibrated.floor,
+        "ece_gain": plain(pooled.gain)}
+    return json.dumps({"cells": cells, "pooled_calibration": calibration}, indent=1)

@@ -2,10 +2,14 @@
 
     python -m recipes.real.ablate models/smollm2-135m --methods dspark --vocab 8192 4096 --steps 300 600
     python -m recipes.real.ablate models/smollm2-135m --methods dspark --layers 1 2 --markov-rank 32 64
+    python -m recipes.real.ablate models/smollm2-135m --methods dspark --sequences 256 512
 
 Every row trains one draft exactly as the build does (`recipes.embedded.drafts.train_one`: same caches, same
-seed, same preset but for the varied fields: vocabulary, steps, draft layers, Markov rank) and scores it on the build's held-out cache: held-out loss, α (the
-analytic T = 1 acceptance per position, what τ grows with) and the coverage of a reduced vocabulary. The target
+seed, same preset but for the varied fields: vocabulary, steps, draft layers, Markov rank, training sequences)
+and scores it on the build's held-out cache: held-out loss, α (the analytic T = 1 acceptance per position, what τ
+grows with) and the coverage of a reduced vocabulary. `--sequences N` trains on a seeded random N of the cache's
+answers, the vocabulary still chosen from all of them so that only the training data varies: how α falls with
+half the data estimates what more target answers would buy, without generating them. The target
 caches are read from OUT_DIR/work where a build (or an earlier ablation) kept them, else built there. A preset
 with a draft vocabulary keeps compact caches (log-probabilities at its draft_vocab_size tokens only), which
 train that vocabulary or a smaller one; `--vocab full` needs a preset without one, and a size the caches cannot
@@ -21,12 +25,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from dspark_core.target_cache import TargetCache
 from recipes.embedded.corpus import build_corpus
 from recipes.embedded.drafts import draft_inputs, train_one
 from recipes.real.build import PRESETS, REAL_DRAFTS, resolved_preset
@@ -39,6 +45,7 @@ class AblationRow:
     steps: int
     num_layers: int
     markov_rank: int  # the config's (a draft without a Markov head ignores it)
+    train_sequences: int  # answers of the training cache the draft trained on
     vocab_coverage: float | None
     heldout_loss: float
     heldout_ce: float
@@ -64,8 +71,10 @@ def positive_count(value: str) -> int:
 
 def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None], steps: list[int], preset: str = "default", target: str = "smollm2-135m",
            seed: int = 0, data_dir: str | None = None, num_threads: int = 2, dtype: str = "auto", log=print,
-           layers: list[int] | None = None, ranks: list[int] | None = None) -> list[AblationRow]:
-    """One row per (method, vocabulary, steps, layers, Markov rank); `layers` / `ranks` None: the preset's."""
+           layers: list[int] | None = None, ranks: list[int] | None = None,
+           sequences: list[int] | None = None) -> list[AblationRow]:
+    """One row per (method, vocabulary, steps, layers, Markov rank, training sequences); `layers` / `ranks` /
+    `sequences` None: the preset's (all of the cache's sequences)."""
     from inputs import model_refs
 
     out = Path(out_dir)
@@ -80,17 +89,25 @@ def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None],
                           log=log, work_dir=out / "work")
     for vocab in vocabs:  # every row's vocabulary is checked against the caches before the first row trains
         inputs.check_vocabulary(vocab)
+    too_many = [n for n in sequences or () if n > len(inputs.cache)]
+    if too_many:
+        raise ValueError(f"--sequences {too_many[0]}: the training cache holds {len(inputs.cache)} sequences")
+    for vocab in vocabs:  # chosen from the whole cache before any subset, so a subset varies the data alone
+        if vocab is not None:
+            inputs.vocabulary(vocab)
     rows = []
     for name in methods:
         base = inputs.configs[name]
         for num_layers, rank in itertools.product(layers or [base.num_layers], ranks or [base.markov_rank]):
             shaped = replace(inputs, configs={**inputs.configs,
                                               name: replace(base, num_layers=num_layers, markov_rank=rank)})
-            for vocab, n in itertools.product(vocabs, steps):
+            for vocab, n, count in itertools.product(vocabs, steps, sequences or [len(inputs.cache)]):
                 start = time.perf_counter()
-                trained = train_one(shaped, specs[name], replace(p.drafts.train, steps=n, seed=seed), vocab)
-                row = AblationRow(name, vocab, n, num_layers, rank, trained.vocab_coverage, float(trained.heldout.total),
-                                  trained.heldout.ce, trained.heldout.acceptance, time.perf_counter() - start, seed)
+                data = replace(shaped, cache=training_subset(inputs.cache, count, seed))
+                trained = train_one(data, specs[name], replace(p.drafts.train, steps=n, seed=seed), vocab)
+                row = AblationRow(name, vocab, n, num_layers, rank, count, trained.vocab_coverage,
+                                  float(trained.heldout.total), trained.heldout.ce, trained.heldout.acceptance,
+                                  time.perf_counter() - start, seed)
                 rows.append(row)
                 log(format_row(row))
                 with (out / "ablation.jsonl").open("a") as f:
@@ -98,13 +115,23 @@ def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None],
     return rows
 
 
-HEADER = ("| draft | vocab | steps | layers | rank | coverage | held-out loss | held-out CE | held-out α | train s |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
+def training_subset(cache: TargetCache, count: int, seed: int) -> TargetCache:
+    """A seeded random `count` of the cache's sequences, in cache order (the whole cache, unchanged, at its size).
+    Random rather than the first `count`: the cache lists the greedy half before the sampled one."""
+    if count >= len(cache):
+        return cache
+    keep = sorted(random.Random(seed).sample(range(len(cache)), count))
+    return replace(cache, sequences=[cache.sequences[i] for i in keep])
+
+
+HEADER = ("| draft | vocab | steps | layers | rank | sequences | coverage | held-out loss | held-out CE | held-out α | train s |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def format_row(r: AblationRow) -> str:
     coverage = "1" if r.vocab_coverage is None else f"{r.vocab_coverage:.3f}"
-    return (f"| {r.method} | {r.draft_vocab_size or 'full'} | {r.steps} | {r.num_layers} | {r.markov_rank} | {coverage} | "
+    return (f"| {r.method} | {r.draft_vocab_size or 'full'} | {r.steps} | {r.num_layers} | {r.markov_rank} | "
+            f"{r.train_sequences} | {coverage} | "
             f"{r.heldout_loss:.3f} | {r.heldout_ce:.3f} | {r.heldout_acceptance:.3f} | {r.train_seconds:.0f} |")
 
 
@@ -118,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", nargs="+", type=positive_count, default=None, help="draft decoder layers (default: the build's)")
     parser.add_argument("--markov-rank", nargs="+", type=positive_count, default=None,
                         help="rank r of DSpark's Markov head and confidence input (default: the preset's)")
+    parser.add_argument("--sequences", nargs="+", type=positive_count, default=None,
+                        help="train on a seeded random N of the training cache's sequences (default: all of them)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--seed", type=int, default=0)
@@ -131,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ablate(args.out_dir, methods=args.methods, vocabs=vocabs, steps=steps, preset=args.preset, target=args.target,
                seed=args.seed, data_dir=args.data_dir, num_threads=args.threads, dtype=args.dtype,
-               log=lambda line: print(line, flush=True), layers=args.layers, ranks=args.markov_rank)
+               log=lambda line: print(line, flush=True), layers=args.layers, ranks=args.markov_rank,
+               sequences=args.sequences)
     except ValueError as e:  # a vocabulary the caches cannot train, an unknown draft: one line, not a traceback
         parser.error(str(e))
     return 0

@@ -80,7 +80,9 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
         assert model.config.draft_vocab_size == PRESETS["reduced"].drafts.draft_vocab_size
     dspark = json.loads((out / "drafts" / "dspark" / "draft_config.json").read_text())
     assert dspark["extra"]["sts_temperatures"]  # fitted per decoding temperature
-    rows = json.loads((out / "card.json").read_text())  # measured by the card suite's harness run
+    card = json.loads((out / "card.json").read_text())  # measured by the card suite's harness run
+    pooled, rows = card["pooled_calibration"], card["cells"]
+    assert (pooled["temperature"], pooled["tasks"]) == (1.0, ["gsm8k"]) and pooled["confidences"] > 0
     assert {r["drafter"] for r in rows} == {"none", "ngram", "dspark", "dflash", "eagle3"}
     assert {r["temperature"] for r in rows} == {0.0, 1.0}
     assert all(r["tau"]["value"] is not None for r in rows if r["drafter"] in ("dspark", "dflash", "eagle3"))
@@ -109,11 +111,25 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
     assert rows[0].vocab_coverage == pytest.approx(built["draft_vocab_coverage"])
     assert rows[1].vocab_coverage <= rows[0].vocab_coverage and rows[1].heldout_ce != pytest.approx(rows[0].heldout_ce)
     assert (rows[0].num_layers, rows[0].markov_rank) == (1, 32)  # the build's shape
-    shaped = ablate(out, methods=["dspark"], vocabs=[reduced.draft_vocab_size], steps=[reduced.train.steps],
-                    preset="reduced", num_threads=1, data_dir=str(data_dir), log=lambda _: None, layers=[2], ranks=[8])
-    assert (shaped[0].num_layers, shaped[0].markov_rank) == (2, 8)
-    assert shaped[0].heldout_ce != pytest.approx(rows[0].heldout_ce)  # another draft, same caches
-    assert len((out / "ablation.jsonl").read_text().splitlines()) == 3
+    try:
+        shaped = ablate(out, methods=["dspark"], vocabs=[reduced.draft_vocab_size], steps=[reduced.train.steps],
+                        preset="reduced", num_threads=1, data_dir=str(data_dir), log=lambda _: None, layers=[2], ranks=[8])
+        assert (shaped[0].num_layers, shaped[0].markov_rank) == (2, 8)
+        assert shaped[0].heldout_ce != pytest.approx(rows[0].heldout_ce)  # another draft, same caches
+        # A subset of the training answers: refused beyond the cache's size before any row, else the same vocabulary
+        # (chosen from every answer) over less data.
+        size = rows[0].train_sequences
+        with pytest.raises(ValueError, match=f"--sequences {size + 1}: the training cache holds {size} sequences"):
+            ablate(out, methods=["dspark"], vocabs=[reduced.draft_vocab_size], steps=[reduced.train.steps],
+                   preset="reduced", num_threads=1, data_dir=str(data_dir), log=lambda _: None, sequences=[size + 1])
+        fewer = ablate(out, methods=["dspark"], vocabs=[reduced.draft_vocab_size], steps=[reduced.train.steps],
+                       preset="reduced", num_threads=1, data_dir=str(data_dir), log=lambda _: None, sequences=[size // 2, size])
+        assert [r.train_sequences for r in fewer] == [size // 2, size] and fewer[0].vocab_coverage == rows[0].vocab_coverage
+        assert fewer[0].heldout_ce != pytest.approx(rows[0].heldout_ce)
+        assert fewer[1].heldout_acceptance == pytest.approx(rows[0].heldout_acceptance, abs=1e-6)  # all of them: the build's
+    finally:
+        torch.set_num_threads(threads)
+    assert len((out / "ablation.jsonl").read_text().splitlines()) == 5
 
 
 def test_ablation_command_reads_vocabularies_and_refuses_unknown_ones(capsys):
@@ -129,3 +145,6 @@ def test_ablation_command_reads_vocabularies_and_refuses_unknown_ones(capsys):
     with pytest.raises(SystemExit):
         main(["/nonexistent", "--layers", "2", "0"])
     assert "argument --layers: takes a positive count, not '0'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["/nonexistent", "--sequences", "0"])
+    assert "argument --sequences: takes a positive count, not '0'" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from harness.gate.data import ConfidenceCycles, confidence_cycles
 from harness.gate.stats import ece_table
-from harness.report.model_card import (ZERO, Interval, card_rows, card_sections, ece_floor, ece_gain, pooled_calibration,
+from harness.report.model_card import (ZERO, Interval, card_json, card_rows, card_sections, ece_floor, ece_gain, pooled_calibration,
                                        relations)
 from harness.store import Store
 from report_fixtures import make_cell, make_result, record_run
@@ -150,3 +151,8 @@ def test_the_ece_goal_is_judged_on_one_ece_over_every_task_pooled(tmp_path):
     assert verdict(Interval(0.012, 0.010, 0.018), n=9_000) == "too few confidences"
     text = "\n".join(card_sections(rows, pooled))
     assert "gsm8k + mt_bench (pooled)" in text and "not a mean of their ECEs" in text
+    card = json.loads(card_json(rows, pooled))  # every cell an object of one shape, the pooled ECE its own part
+    assert [c["cell_id"] for c in card["cells"]] == [r.cell_id for r in rows]
+    assert card["pooled_calibration"]["tasks"] == ["gsm8k", "mt_bench"]
+    assert card["pooled_calibration"]["ece_raw"]["value"] == pytest.approx(pooled.raw.ece.value)
+    assert json.loads(card_json(rows))["pooled_calibration"] is None
