@@ -5,8 +5,8 @@ committed card's 95% interval for the same point.
 
 Cells are matched by what they measure (backend, task, drafter, γ, policy, temperature, concurrency), never by
 cell id: a build elsewhere names its drafts by path, so its suite and its cell ids differ. The drafts are
-compared first, by the fingerprint the card run is stamped with: the build is deterministic for a seed, so a
-rebuild on the same kind of CPU trains the same bytes, and then τ, α_k and ECE are measured on the same drafts
+compared first, file by file, with the one wall-clock figure they record (`train_seconds`) left out: the build is
+deterministic for a seed, so a rebuild on the same kind of CPU trains the same weights, and then τ, α_k and ECE are measured on the same drafts
 and prompts (at T = 0 the same greedy walk) while speedups move with the machine. Each figure is *within* the
 committed interval, *outside* it, has *no interval* to be judged by (a speedup of fewer than 6 rounds), or is
 *missing* from one card (which fails the comparison, as a cell in one card only does).
@@ -20,13 +20,13 @@ strict). Exit 0: reproduced; 1: not; 2: a card could not be read.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes.real.build import drafts_fingerprint
 
 KEY = ("backend", "task", "drafter", "gamma", "policy", "temperature", "concurrency")
 INTERVAL_FIGURES = ("tau", "ece_raw", "ece_calibrated", "speedup")
@@ -95,6 +95,27 @@ def read_card(root: Path) -> dict:
     return card
 
 
+def trained_fingerprint(drafts_dir: Path) -> str:
+    """sha256 over the drafts' files, each draft_config.json without its `train_seconds`: what was trained, not how
+    long it took (the card run's stamp, `recipes.real.build.drafts_fingerprint`, hashes the files as they are, so
+    two builds of the same weights carry different stamps)."""
+    def timeless(value):
+        if isinstance(value, dict):
+            return {k: timeless(v) for k, v in value.items() if k != "train_seconds"}
+        if isinstance(value, list):
+            return [timeless(v) for v in value]
+        return value
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(drafts_dir).rglob("*")):
+        if path.is_file():
+            data = path.read_bytes()
+            if path.name == "draft_config.json":
+                data = json.dumps(timeless(json.loads(data)), sort_keys=True).encode()
+            digest.update(str(path.relative_to(drafts_dir)).encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
 def _label(cell: dict) -> str:
     return (f"{cell['backend']}/{cell['task']} T{cell['temperature']:g} c{cell['concurrency']} "
             f"{cell['drafter']} γ{cell['gamma']} {cell['policy']}")
@@ -119,7 +140,7 @@ def _check(point: str, figure: str, committed: dict | None, rebuilt: dict | None
 def compare(committed_dir: str | Path, rebuilt_dir: str | Path) -> Reproduction:
     committed_root, rebuilt_root = Path(committed_dir), Path(rebuilt_dir)
     committed, rebuilt = read_card(committed_root), read_card(rebuilt_root)
-    same = drafts_fingerprint(committed_root / "drafts") == drafts_fingerprint(rebuilt_root / "drafts")
+    same = trained_fingerprint(committed_root / "drafts") == trained_fingerprint(rebuilt_root / "drafts")
     by_key = {tuple(c[k] for k in KEY): c for c in rebuilt["cells"]}
     seen, checks, unmatched = set(), [], []
     for cell in committed["cells"]:
@@ -147,7 +168,7 @@ def _num(x: float | None) -> str:
 
 
 def report_lines(r: Reproduction, *, all_figures: bool = False) -> list[str]:
-    lines = [f"drafts: {'the same bytes (one fingerprint)' if r.same_drafts else 'different (another training)'}"]
+    lines = [f"drafts: {'the same weights and configuration (training time aside)' if r.same_drafts else 'different (another training)'}"]
     shown = r.checks if all_figures else [c for c in r.checks if c.verdict != "within"]
     if shown:
         lines.append("| point | figure | committed [95% interval] | rebuilt | verdict |")

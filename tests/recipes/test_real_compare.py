@@ -15,10 +15,12 @@ from recipes.real.compare import binomial_tail, compare, main
 COMMITTED = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m"
 
 
-def _build_dir(root: Path, card: dict | list, draft_bytes: bytes = b"weights") -> Path:
-    """A build directory holding `card` and one small draft file (the fingerprint reads the drafts' bytes)."""
+def _build_dir(root: Path, card: dict | list, draft_bytes: bytes = b"weights", train_seconds: float = 573.2) -> Path:
+    """A build directory holding `card` and one small draft (the comparison reads the drafts' bytes)."""
     (root / "drafts" / "dspark").mkdir(parents=True)
     (root / "drafts" / "dspark" / "model.safetensors").write_bytes(draft_bytes)
+    config = {"method": "dspark", "extra": {"report": {"heldout_acceptance": 0.302, "train_seconds": train_seconds}}}
+    (root / "drafts" / "dspark" / "draft_config.json").write_text(json.dumps(config))
     (root / "card.json").write_text(json.dumps(card))
     return root
 
@@ -29,8 +31,8 @@ def card() -> dict:
 
 
 def test_the_committed_card_reproduces_itself(tmp_path, card):
-    a, b = _build_dir(tmp_path / "a", card), _build_dir(tmp_path / "b", card)
-    r = compare(a, b)
+    a, b = _build_dir(tmp_path / "a", card), _build_dir(tmp_path / "b", card, train_seconds=1236.9)
+    r = compare(a, b)  # the same weights trained in another time: the same drafts
     assert r.same_drafts and r.reproduced and not r.outside and not r.unmatched
     assert len(r.judged) > 100  # τ, α_k and ECE of every cell, the pooled ECE
     assert {c.figure for c in r.judged} >= {"tau", "alpha_1", "alpha_7", "ece_raw", "ece_calibrated"}
