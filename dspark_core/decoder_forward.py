@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dspark_core.decode_attention import decode_attention, takes
 from dspark_core.kv_slots import SlotWindow
 from dspark_core.packed_linear import pack, packed_linear, weight_key
 
@@ -209,8 +210,12 @@ def decoder_forward(
     token_ids: Tensor,  # [R, max_new]
     layer_ids: Sequence[int],
     logits_at: Tensor | None = None,  # [U] positions to compute logits at (None: all)
+    decode_products: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """(logits [R, U or max_new, vocab] in the model's dtype, features [R, max_new, len(layer_ids) * hidden])."""
+    """(logits [R, U or max_new, vocab] in the model's dtype, features [R, max_new, len(layer_ids) * hidden]).
+
+    `decode_products`: a bf16/fp16 decode step on the CPU computes attention as fp32 products
+    (`decode_attention.py`: 5–7× torch's SDPA there, as exact); False keeps SDPA everywhere."""
     base = model.model
     num_rows, max_new = token_ids.shape
     hidden = base.embed_tokens(token_ids)
@@ -237,9 +242,12 @@ def decoder_forward(
             qk = _rope(qkv[:, :, : heads + kv_heads].transpose(1, 2), cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]
         keys, values = window.write(index, k, qkv[:, :, heads + kv_heads :].transpose(1, 2))
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=causal, scale=attn.scaling, enable_gqa=kv_heads != heads
-        )
+        if decode_products and takes(q):
+            out = decode_attention(q, keys, values, mask, attn.scaling)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, is_causal=causal, scale=attn.scaling, enable_gqa=kv_heads != heads
+            )
         hidden = hidden + f.o(out.transpose(1, 2).reshape(num_rows, max_new, -1))
         gate, up = f.gate_up(_rms_norm(layer.post_attention_layernorm, hidden)).chunk(2, -1)
         hidden = hidden + f.down(layer.mlp.act_fn(gate) * up)

@@ -81,6 +81,7 @@ class TargetModel:
         self.lean: bool = not self.varlen_attention and lean_forward.supports(self.model)
         self._fused: lean_forward.Fused | None = None  # built at the first lean forward
         self.pack_weights: bool = True  # oneDNN's prepacked projections and LM head where they pay (decoder_forward.packed)
+        self.decode_products: bool = True  # bf16/fp16 decode steps' attention as fp32 products (decode_attention.py)
 
     @classmethod
     def from_pretrained(
@@ -152,7 +153,8 @@ class TargetModel:
         if self.lean:
             window = cache.window(rows, num_new, token_ids.shape[1])
             self._fused = lean_forward.fused_for(self.model, self._fused, self.pack_weights)
-            logits, features = decoder_forward(self.model, self._fused, window, token_ids, self.layer_ids, keep)
+            logits, features = decoder_forward(self.model, self._fused, window, token_ids, self.layer_ids, keep,
+                                               self.decode_products)
             window.close()
         else:
             logits, features = self._hf_forward(cache, rows, token_ids, num_new, keep)

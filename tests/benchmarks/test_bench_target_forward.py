@@ -37,8 +37,13 @@ def test_engine_ratio_pairs_rounds_per_concurrency():
     spec = importlib.util.spec_from_file_location("benchmarks_engine_ratio", path)
     engine_ratio = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(engine_ratio)
-    rows = [("inhouse", "none", 1, 0, 20.0), ("vllm", "none", 1, 0, 25.0), ("inhouse", "dspark", 1, 0, 50.0),
-            ("inhouse", "none", 1, 1, 30.0), ("vllm", "none", 1, 1, 30.0), ("inhouse", "dspark", 1, 1, None),
-            ("inhouse", "none", 16, 0, 90.0), ("vllm", "none", 16, 1, 100.0)]  # c 16 has no round with both
-    # every in-house cell over vLLM's plain cell of its own round: plain and DSpark against the same baseline
-    assert engine_ratio.round_ratios(rows) == {("none", 1): [0.8, 1.0], ("dspark", 1): [2.0]}
+    rows = [("inhouse", "none", "full", 1, 0, 20.0), ("vllm", "none", "full", 1, 0, 25.0),
+            ("inhouse", "dspark", "adaptive", 1, 0, 50.0), ("inhouse", "dspark", "full", 1, 0, 60.0),
+            ("inhouse", "none", "adaptive", 1, 1, 30.0), ("vllm", "none", "adaptive", 1, 1, 30.0),
+            ("inhouse", "dspark", "adaptive", 1, 1, None), ("inhouse", "dspark", "full", 1, 1, 45.0),
+            ("inhouse", "none", "full", 16, 0, 90.0), ("vllm", "none", "full", 16, 1, 100.0)]  # c 16: no round with both
+    # every in-house cell over vLLM's plain cell of its own round (whatever policy label plain carries):
+    # plain and each DSpark policy against the same baseline, one figure per policy
+    assert engine_ratio.round_ratios(rows) == {
+        ("none", "full", 1): [0.8], ("none", "adaptive", 1): [1.0],
+        ("dspark", "adaptive", 1): [2.0], ("dspark", "full", 1): [2.4, 1.5]}
