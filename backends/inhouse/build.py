@@ -112,6 +112,10 @@ class Models:
         key = (ref.location, spec.dtype)
         if key not in self._targets:
             model = TargetModel.from_pretrained(ref.location, dtype=TORCH_DTYPES[spec.dtype], device=self.device)
+            if model.lean and model.dtype == torch.bfloat16 and model.device.type == "cpu":
+                from dspark_core.kernels.decode_attention_cpu import library
+
+                library()  # built (≈ 1 s, once per machine) or found wanting now, not inside a timed cell
             tokenizer = AutoTokenizer.from_pretrained(ref.location)
             self._targets[key] = LoadedTarget(model, tokenizer, stop_tokens(tokenizer), model_refs.fingerprint(ref))
         return self._targets[key]

@@ -23,6 +23,7 @@ from backends.inhouse.load import LoadSpec, run_load
 from contracts.backend import Progress
 from contracts.cells import Cell, CellResult, RequestResult
 from contracts.records import MeasurementWindow, RequestRecord
+from dspark_core import decode_attention
 from inputs import model_refs
 
 
@@ -130,6 +131,11 @@ def provenance(cell: Cell, built: Built, dataset_hash: str, device: torch.device
         "device": str(device),
         "threads": str(torch.get_num_threads()),
     }
+    model = built.target.model
+    lean = getattr(model, "lean", False)
+    attention = decode_attention.path(model.dtype, model.device, model.decode_products) if lean else None
+    if attention is not None:  # a bf16 target on the CPU: the kernel, its twin or SDPA ran its decode steps
+        out["decode_attention"] = attention
     if model_refs.is_random(cell.target.path):  # random weights (inputs.model_refs): engine speed only, never quality
         out["random_weights"] = cell.target.path
     if cell.is_synthetic:  # every row of a synthetic cell says so (and `derive` adds its flag metric)

@@ -9,6 +9,7 @@ Each dispatch sits beside its twin, in the module that owns the concept, and ask
 | `kernels.attention_ref.varlen_attention`                   | `attention.py`         | `attention_ref.varlen_attention_torch` |
 | `scheduler.dispatch_schedule_prefix`                       | `prefix_scheduler.py`  | `scheduler.schedule_prefix`      |
 | `scheduler.dispatch_schedule_prefix_from_logits`           | `prefix_scheduler.py`  | `calibrated_survival` + `schedule_prefix` |
+| `decode_attention.decode_attention` (CPU, bf16)            | `decode_attention_cpu.py` (C++) | `decode_attention.decode_attention_torch` |
 
 Wired: `DSparkDrafter.propose` calls `draft_block`, `verification.verify` calls `dispatch_rejection_sample`,
 `PrefixScheduler.__call__` calls `dispatch_schedule_prefix`, and `TargetModel.__init__` calls
@@ -18,6 +19,10 @@ the Triton path runs (elsewhere the model keeps its attention; on the CPU, `dspa
 This package imports nothing from the core above it (only the leaf `dspark_core.distributions`), and it is
 the only place that imports `triton`, lazily, inside a dispatch that chose the Triton path:
 `import dspark_core` works without triton installed.
+
+One kernel is not Triton: a bf16 decode step's attention on the CPU, C++ compiled for the CPU it runs on at
+first use (`decode_attention_cpu.py`), where Triton has no compiled backend; it runs under `auto` and `triton`
+wherever it builds and the CPU has AVX512-BF16, the twin otherwise.
 
 Which path runs is `DSPARK_KERNELS` (read at every call, so a test can switch it):
 - `auto` (default): Triton for CUDA tensors when triton is importable, the twin otherwise;

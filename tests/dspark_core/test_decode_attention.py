@@ -1,5 +1,7 @@
-"""A bf16 decode step's attention as fp32 products (`decode_attention.py`): SDPA's result with grouped heads, masks
-and row chunks, at least as exact as SDPA against an fp32 reference, and taken only where it pays."""
+"""A bf16 decode step's attention (`decode_attention.py`): the torch twin (fp32 products) and the dispatch that runs
+the C++ kernel where it builds give SDPA's result with grouped heads, masks and row chunks, at least as exact as
+SDPA against an fp32 reference, and are taken only where they pay. The kernel against the twin, case by case:
+kernel_tests/test_decode_attention_cpu.py."""
 
 from __future__ import annotations
 
@@ -30,11 +32,12 @@ def _reference(q, k, v, mask, scale):
                                           enable_gqa=True)
 
 
+@pytest.mark.parametrize("impl", ["twin", "dispatch"])
 @pytest.mark.parametrize("rows,total", [(1, 7), (5, 40), (16, 136)])
-def test_products_are_sdpa_and_as_exact(rows, total):
+def test_products_are_sdpa_and_as_exact(rows, total, impl):
     q, k, v, mask = _case(rows, total)
     scale = q.shape[-1] ** -0.5
-    got = da.decode_attention(q, k, v, mask, scale)
+    got = (da.decode_attention_torch if impl == "twin" else da.decode_attention)(q, k, v, mask, scale)
     sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     ref = _reference(q, k, v, mask, scale)
     assert got.shape == sdpa.shape and got.dtype == torch.bfloat16
@@ -43,11 +46,12 @@ def test_products_are_sdpa_and_as_exact(rows, total):
     assert err <= ref.abs().max() * 2**-8 and err <= sdpa_err * 1.5 + 1e-6
 
 
-def test_each_kv_head_serves_its_own_query_group():
+@pytest.mark.parametrize("impl", ["twin", "dispatch"])
+def test_each_kv_head_serves_its_own_query_group(impl):
     """Grouped heads as `enable_gqa`: query head h reads KV head h // (heads / kv_heads), not h % kv_heads."""
     q, k, v, _ = _case(2, 12, heads=6, kv_heads=2)
     v[:, 1] += 10  # KV head 1's values stand out: query heads 3–5 must see them, 0–2 must not
-    out = da.decode_attention(q, k, v, None, 0.5).float()
+    out = (da.decode_attention_torch if impl == "twin" else da.decode_attention)(q, k, v, None, 0.5).float()
     ref = _reference(q, k, v, torch.zeros(2, 1, 1, 12), 0.5)
     torch.testing.assert_close(out, ref, atol=0.05, rtol=0.02)
     assert (out[:, 3:].mean() - out[:, :3].mean()) > 5
@@ -55,9 +59,9 @@ def test_each_kv_head_serves_its_own_query_group():
 
 def test_chunks_of_rows_give_the_unchunked_result(monkeypatch):
     q, k, v, mask = _case(7, 30)
-    whole = da.decode_attention(q, k, v, mask, 0.25)
+    whole = da.decode_attention_torch(q, k, v, mask, 0.25)
     monkeypatch.setattr(da, "CHUNK_ELEMENTS", 3 * 30 * 32 * 2)  # two rows per chunk: 4 chunks, the last of one row
-    chunked = da.decode_attention(q, k, v, mask, 0.25)
+    chunked = da.decode_attention_torch(q, k, v, mask, 0.25)
     torch.testing.assert_close(chunked.float(), whole.float(), atol=2**-7, rtol=0)
     assert chunked.shape == whole.shape
 
@@ -96,3 +100,19 @@ def test_bf16_forward_with_products_keeps_hugging_faces_logits(llama_target, mon
         torch.testing.assert_close(outs[1].logits, outs[2].logits, atol=0.05, rtol=0.02)
         step = outs[2].logits[:, -1:].argmax(-1)
     assert len(calls) == 3 * model.config.num_hidden_layers  # every layer of every decode step, the lean one only
+
+
+def test_path_names_what_a_decode_step_runs(monkeypatch):
+    """The name a cell's provenance records: None where this module is not asked (fp32, CUDA), else which
+    implementation ran."""
+    from dspark_core.kernels.decode_attention_cpu import library
+
+    cpu = torch.device("cpu")
+    assert da.path(torch.float32, cpu) is None and da.path(torch.bfloat16, torch.device("cuda")) is None
+    assert da.path(torch.bfloat16, cpu, products=False) == "sdpa"
+    assert da.path(torch.float16, cpu) == "torch products"  # the kernel is bf16 only
+    lib = library()
+    native = lib is not None and lib.dspark_decode_attention_native()
+    assert da.path(torch.bfloat16, cpu) == ("c++ kernel" if native else "torch products")
+    monkeypatch.setenv("DSPARK_KERNELS", "torch")
+    assert da.path(torch.bfloat16, cpu) == "torch products"
