@@ -5,7 +5,8 @@
 
 `--against unpacked`: the lean forward over oneDNN's prepacked weights vs the same forward over the plain
 weights (MKL's matmul), the choice `decoder_forward.packed` makes. `--against sdpa`: the lean forward with a
-bf16 decode step's attention as fp32 products (`decode_attention.py`) vs torch's SDPA throughout. `--tokens 8`: each step runs 8 positions
+bf16 decode step's attention as fp32 products (`decode_attention.py`) vs torch's SDPA throughout. `--against
+eager`: bf16 norms, rotary and SiLU·up as C++ calls (`kernels/decoder_pointwise_cpu.py`) vs torch's ops. `--tokens 8`: each step runs 8 positions
 per row, as a verify step of γ 7 does, and rolls them back.
 
 Both forwards run the same model object on their own KV slots, filled by the same prefill (`--context`
@@ -61,6 +62,8 @@ def _targets(model_text: str, against: str = "hf", dtype: str = "float32"):
         other.pack_weights = False
     elif against == "sdpa":
         other.decode_products = False
+    elif against == "eager":
+        other.fused_pointwise = False
     else:
         other.lean = False
     return {"lean": lean, against: other}
@@ -130,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: this process's CPU time (with --threads 1, robust to other jobs taking the cores)")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--against", choices=("hf", "unpacked", "sdpa"), default="hf",
+    ap.add_argument("--against", choices=("hf", "unpacked", "sdpa", "eager"), default="hf",
                     help="hf: Hugging Face's own forward; unpacked: the lean forward without prepacked weights; "
-                         "sdpa: the lean forward with SDPA at decode steps too")
+                         "sdpa: the lean forward with SDPA at decode steps too; eager: the lean forward with its "
+                         "elementwise steps as torch ops, not C++ calls")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1], help="positions per row per step (8: a γ 7 verify)")
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="float32",
                     help="the target's dtype (auto: bf16 where the CPU has native bf16)")

@@ -211,15 +211,24 @@ def decoder_forward(
     layer_ids: Sequence[int],
     logits_at: Tensor | None = None,  # [U] positions to compute logits at (None: all)
     decode_products: bool = True,
+    fused_pointwise: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """(logits [R, U or max_new, vocab] in the model's dtype, features [R, max_new, len(layer_ids) * hidden]).
 
     `decode_products`: a bf16/fp16 decode step on the CPU computes attention as fp32 products
-    (`decode_attention.py`: 5–7× torch's SDPA there, as exact); False keeps SDPA everywhere."""
+    (`decode_attention.py`: 5–7× torch's SDPA there, as exact); False keeps SDPA everywhere.
+    `fused_pointwise`: a bf16 Llama-family forward on the CPU runs each layer's RMSNorms (with the residual add),
+    rotary and SiLU·up as one C++ call each (`kernels/decoder_pointwise_cpu.py`: the same roundings as Hugging
+    Face's ops; the norm and SiLU within one bf16 rounding of them); False keeps the eager ops, bit-identical."""
     base = model.model
     num_rows, max_new = token_ids.shape
     hidden = base.embed_tokens(token_ids)
     cos, sin = base.rotary_emb(hidden, window.positions)  # Hugging Face's own: the same numbers
+    pointwise = fused_pointwise and pointwise_fits(model, hidden.dtype, hidden.device)
+    if pointwise:
+        from dspark_core.kernels import decoder_pointwise_cpu as pw
+
+        cos_rows, sin_rows = cos, sin  # [R, max_new, head_dim], as the kernel reads them
     # A prefill into empty slots (every row's new positions from 0) is plain causal attention: SDPA's own causal
     # path skips the blocks above the diagonal (the same numbers as the mask's; 11% of a prefill's attention here).
     causal = window.uniform and window.total == max_new
@@ -231,11 +240,18 @@ def decoder_forward(
     per_head_norm = hasattr(first, "q_norm")  # Qwen3: RMSNorm per head on q and k, before the rotary
     wanted = set(layer_ids)
     features = [hidden] if -1 in wanted else []
+    if pointwise:  # each layer's input norm is done by the call that adds the layer before it
+        norm = base.layers[0].input_layernorm
+        _, x = pw.add_rms_norm(hidden, None, norm.weight, norm.variance_epsilon)
     for index, (layer, f) in enumerate(zip(base.layers, fused.layers)):
         attn = layer.self_attn
-        x = _rms_norm(layer.input_layernorm, hidden)
+        if not pointwise:
+            x = _rms_norm(layer.input_layernorm, hidden)
         qkv = f.qkv(x).view(num_rows, max_new, heads + 2 * kv_heads, head_dim)
-        if per_head_norm:
+        if pointwise:
+            qk = pw.rope(qkv, heads + kv_heads, cos_rows, sin_rows)
+            q, k = qk[:, :heads], qk[:, heads:]
+        elif per_head_norm:
             q = _rope(_rms_norm(attn.q_norm, qkv[:, :, :heads]).transpose(1, 2), cos, sin)
             k = _rope(_rms_norm(attn.k_norm, qkv[:, :, heads : heads + kv_heads]).transpose(1, 2), cos, sin)
         else:  # q and k rotated as one tensor: the same elementwise numbers, half the small ops
@@ -248,12 +264,20 @@ def decoder_forward(
             out = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, is_causal=causal, scale=attn.scaling, enable_gqa=kv_heads != heads
             )
-        hidden = hidden + f.o(out.transpose(1, 2).reshape(num_rows, max_new, -1))
-        gate, up = f.gate_up(_rms_norm(layer.post_attention_layernorm, hidden)).chunk(2, -1)
-        hidden = hidden + f.down(layer.mlp.act_fn(gate) * up)
+        attended = f.o(out.transpose(1, 2).reshape(num_rows, max_new, -1))
+        post = layer.post_attention_layernorm
+        if pointwise:
+            hidden, y = pw.add_rms_norm(hidden, attended, post.weight, post.variance_epsilon)
+            down = f.down(pw.silu_mul(f.gate_up(y)))
+            norm = base.layers[index + 1].input_layernorm if index + 1 < len(base.layers) else base.norm
+            hidden, x = pw.add_rms_norm(hidden, down, norm.weight, norm.variance_epsilon)  # the next norm's input
+        else:
+            hidden = hidden + attended
+            gate, up = f.gate_up(_rms_norm(post, hidden)).chunk(2, -1)
+            hidden = hidden + f.down(layer.mlp.act_fn(gate) * up)
         if index in wanted:
             features.append(hidden)
-    hidden = _rms_norm(base.norm, hidden)
+    hidden = x if pointwise else _rms_norm(base.norm, hidden)  # pointwise: the last call normed it
     if logits_at is not None:
         hidden = hidden[:, logits_at]
     logits = fused.head(hidden)
@@ -262,3 +286,19 @@ def decoder_forward(
     else:
         feats = token_ids.new_zeros((num_rows, max_new, 0), dtype=hidden.dtype)
     return logits, feats
+
+
+def pointwise_fits(model: nn.Module, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a lean forward of `model` runs its elementwise steps as C++ calls: a bf16 Llama-family model (no
+    per-head q/k norms, SiLU MLP, weighted RMSNorms) on the CPU, with the kernels built."""
+    from dspark_core.kernels import decoder_pointwise_cpu
+
+    base = model.model
+    first = base.layers[0]
+    if hasattr(first.self_attn, "q_norm") or getattr(model.config, "hidden_act", None) != "silu":
+        return False
+    norms = (base.norm, first.input_layernorm, first.post_attention_layernorm)  # `.to(dtype)` moves them all alike
+    if not all(getattr(n, "variance_epsilon", None) is not None and n.weight.dtype == torch.bfloat16 for n in norms):
+        return False
+    return decoder_pointwise_cpu.ready(dtype, device)
+

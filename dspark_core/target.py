@@ -82,6 +82,7 @@ class TargetModel:
         self._fused: lean_forward.Fused | None = None  # built at the first lean forward
         self.pack_weights: bool = True  # oneDNN's prepacked projections and LM head where they pay (decoder_forward.packed)
         self.decode_products: bool = True  # bf16/fp16 decode steps' attention as fp32 products (decode_attention.py)
+        self.fused_pointwise: bool = True  # bf16 on the CPU: norms, rotary, SiLU·up as C++ calls (decoder_forward)
 
     @classmethod
     def from_pretrained(
@@ -154,7 +155,7 @@ class TargetModel:
             window = cache.window(rows, num_new, token_ids.shape[1])
             self._fused = lean_forward.fused_for(self.model, self._fused, self.pack_weights)
             logits, features = decoder_forward(self.model, self._fused, window, token_ids, self.layer_ids, keep,
-                                               self.decode_products)
+                                               self.decode_products, self.fused_pointwise)
             window.close()
         else:
             logits, features = self._hf_forward(cache, rows, token_ids, num_new, keep)

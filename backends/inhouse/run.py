@@ -23,7 +23,7 @@ from backends.inhouse.load import LoadSpec, run_load
 from contracts.backend import Progress
 from contracts.cells import Cell, CellResult, RequestResult
 from contracts.records import MeasurementWindow, RequestRecord
-from dspark_core import decode_attention
+from dspark_core import decode_attention, decoder_forward
 from inputs import model_refs
 
 
@@ -136,6 +136,8 @@ def provenance(cell: Cell, built: Built, dataset_hash: str, device: torch.device
     attention = decode_attention.path(model.dtype, model.device, model.decode_products) if lean else None
     if attention is not None:  # a bf16 target on the CPU: the kernel, its twin or SDPA ran its decode steps
         out["decode_attention"] = attention
+        fits = model.fused_pointwise and decoder_forward.pointwise_fits(model.model, model.dtype, model.device)
+        out["decoder_pointwise"] = "c++ kernels" if fits else "torch ops"
     if model_refs.is_random(cell.target.path):  # random weights (inputs.model_refs): engine speed only, never quality
         out["random_weights"] = cell.target.path
     if cell.is_synthetic:  # every row of a synthetic cell says so (and `derive` adds its flag metric)

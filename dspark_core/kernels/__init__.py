@@ -10,6 +10,7 @@ Each dispatch sits beside its twin, in the module that owns the concept, and ask
 | `scheduler.dispatch_schedule_prefix`                       | `prefix_scheduler.py`  | `scheduler.schedule_prefix`      |
 | `scheduler.dispatch_schedule_prefix_from_logits`           | `prefix_scheduler.py`  | `calibrated_survival` + `schedule_prefix` |
 | `decode_attention.decode_attention` (CPU, bf16)            | `decode_attention_cpu.py` (C++) | `decode_attention.decode_attention_torch` |
+| `decoder_forward.decoder_forward` (CPU, bf16)              | `decoder_pointwise_cpu.py` (C++) | `_rms_norm`, `_rope`, `act_fn(gate) * up` |
 
 Wired: `DSparkDrafter.propose` calls `draft_block`, `verification.verify` calls `dispatch_rejection_sample`,
 `PrefixScheduler.__call__` calls `dispatch_schedule_prefix`, and `TargetModel.__init__` calls
@@ -20,9 +21,10 @@ This package imports nothing from the core above it (only the leaf `dspark_core.
 the only place that imports `triton`, lazily, inside a dispatch that chose the Triton path:
 `import dspark_core` works without triton installed.
 
-One kernel is not Triton: a bf16 decode step's attention on the CPU, C++ compiled for the CPU it runs on at
-first use (`decode_attention_cpu.py`), where Triton has no compiled backend; it runs under `auto` and `triton`
-wherever it builds and the CPU has AVX512-BF16, the twin otherwise.
+Two are not Triton: a bf16 decode step's attention and a bf16 decoder layer's elementwise steps on the CPU,
+C++ compiled for the CPU they run on at first use (`cpu_build.py`), where Triton has no compiled backend; they
+run under `auto` and `triton` wherever they build (the attention only where the CPU has AVX512-BF16), the
+twins otherwise.
 
 Which path runs is `DSPARK_KERNELS` (read at every call, so a test can switch it):
 - `auto` (default): Triton for CUDA tensors when triton is importable, the twin otherwise;

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+
+#include "bf16.h"
 #include <cmath>
 #include <vector>
 #if defined(__AVX512BF16__)
@@ -18,19 +20,8 @@
 
 namespace {
 
-inline float widen(uint16_t bits) {
-  uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-inline uint16_t narrow(float f) {  // round to nearest even, as torch's bf16 conversion (finite values)
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+using dspark_bf16::narrow;
+using dspark_bf16::widen;
 
 void scores_generic(const uint16_t* q, const uint16_t* k, int64_t ks2, int64_t T, int64_t G, int64_t D,
                     float scale, const float* mask, float* scores, float* row) {

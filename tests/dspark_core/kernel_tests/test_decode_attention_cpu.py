@@ -91,14 +91,16 @@ def test_kernel_covers_only_bf16_single_queries_on_the_cpu():
 
 
 def test_build_is_cached_and_a_missing_compiler_falls_back_with_a_warning(tmp_path, monkeypatch):
+    from dspark_core.kernels import cpu_build
+
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path))
-    first = kernel.build("portable")
+    first = cpu_build.build(kernel.NAME, "portable")
     mtime = first.stat().st_mtime_ns
-    assert first.parent == tmp_path / "kernels" and kernel.build("portable") == first
+    assert first.parent == tmp_path / "kernels" and cpu_build.build(kernel.NAME, "portable") == first
     assert first.stat().st_mtime_ns == mtime  # reused, not rebuilt
-    monkeypatch.setattr(kernel, "_compiler", lambda: None)
+    monkeypatch.setattr(cpu_build, "_compiler", lambda: None)
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "empty"))
-    kernel.library.cache_clear()
+    cpu_build.load.cache_clear()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -108,4 +110,4 @@ def test_build_is_cached_and_a_missing_compiler_falls_back_with_a_warning(tmp_pa
         twin = da.decode_attention_torch(q, k, v, mask, 0.125)
         assert torch.equal(da.decode_attention(q, k, v, mask, 0.125), twin)  # the dispatch runs the twin
     finally:
-        kernel.library.cache_clear()
+        cpu_build.load.cache_clear()
