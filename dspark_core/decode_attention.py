@@ -37,15 +37,13 @@ def takes(query: Tensor) -> bool:
 def path(dtype: torch.dtype, device: torch.device, products: bool = True) -> str | None:
     """Which attention a lean forward's decode steps run for a model of `dtype` on `device` (a cell's provenance
     records it): "c++ kernel", "torch products" (the twin), "sdpa", or None where this module is not asked."""
-    from dspark_core.kernels import kernel_mode
-    from dspark_core.kernels.decode_attention_cpu import library
+    from dspark_core.kernels.decode_attention_cpu import ready
 
     if dtype not in REDUCED or device.type != "cpu":
         return None
     if not products:
         return "sdpa"
-    lib = library() if dtype == torch.bfloat16 and kernel_mode() != "torch" else None
-    return "c++ kernel" if lib is not None and lib.dspark_decode_attention_native() else "torch products"
+    return "c++ kernel" if dtype == torch.bfloat16 and ready() else "torch products"
 
 
 def decode_attention(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scale: float) -> Tensor:

@@ -216,7 +216,8 @@ def decoder_forward(
     """(logits [R, U or max_new, vocab] in the model's dtype, features [R, max_new, len(layer_ids) * hidden]).
 
     `decode_products`: a bf16/fp16 decode step on the CPU computes attention as fp32 products
-    (`decode_attention.py`: 5–7× torch's SDPA there, as exact); False keeps SDPA everywhere.
+    (`decode_attention.py`, a C++ kernel where it builds: 2–4× torch's SDPA per step there, as exact); False keeps
+    SDPA everywhere.
     `fused_pointwise`: a bf16 Llama-family forward on the CPU runs each layer's RMSNorms (with the residual add),
     rotary and SiLU·up as one C++ call each (`kernels/decoder_pointwise_cpu.py`: the same roundings as Hugging
     Face's ops; the norm and SiLU within one bf16 rounding of them); False keeps the eager ops, bit-identical."""

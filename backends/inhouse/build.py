@@ -113,9 +113,10 @@ class Models:
         if key not in self._targets:
             model = TargetModel.from_pretrained(ref.location, dtype=TORCH_DTYPES[spec.dtype], device=self.device)
             if model.lean and model.dtype == torch.bfloat16 and model.device.type == "cpu":
-                from dspark_core.kernels.decode_attention_cpu import library
+                from dspark_core.kernels import cpu_build
 
-                library()  # built (≈ 1 s, once per machine) or found wanting now, not inside a timed cell
+                for kernel in ("decode_attention", "decoder_pointwise"):  # built (≈ 1 s each, once per machine)
+                    cpu_build.load(kernel)  # or found wanting now, not inside a timed cell
             tokenizer = AutoTokenizer.from_pretrained(ref.location)
             self._targets[key] = LoadedTarget(model, tokenizer, stop_tokens(tokenizer), model_refs.fingerprint(ref))
         return self._targets[key]

@@ -13,7 +13,7 @@ import ctypes
 import torch
 from torch import Tensor
 
-from dspark_core.kernels import cpu_build
+from dspark_core.kernels import cpu_build, kernel_mode
 
 NAME = "decode_attention"
 _DECLARED: list[ctypes.CDLL] = []  # libraries whose signatures are declared
@@ -29,6 +29,13 @@ def library(variant: str = "native") -> ctypes.CDLL | None:
         lib.dspark_decode_attention_native.restype = ctypes.c_int
         _DECLARED.append(lib)  # held, so no later library can take its place unseen
     return lib
+
+
+def ready() -> bool:
+    """Whether the dispatch runs this kernel: not `DSPARK_KERNELS=torch`, built here, and with its AVX512-BF16
+    paths (elsewhere its portable loops are no faster than the twin)."""
+    lib = library() if kernel_mode() != "torch" else None
+    return lib is not None and bool(lib.dspark_decode_attention_native())
 
 
 def covers(query: Tensor, keys: Tensor) -> bool:
@@ -60,4 +67,4 @@ def decode_attention_cpu(query: Tensor, keys: Tensor, values: Tensor, mask: Tens
     return out
 
 
-__all__ = ["covers", "decode_attention_cpu", "library"]
+__all__ = ["covers", "decode_attention_cpu", "library", "ready"]
