@@ -6,7 +6,8 @@
 `--against unpacked`: the lean forward over oneDNN's prepacked weights vs the same forward over the plain
 weights (MKL's matmul), the choice `decoder_forward.packed` makes. `--against sdpa`: the lean forward with a
 bf16 decode step's attention as fp32 products (`decode_attention.py`) vs torch's SDPA throughout. `--against
-eager`: bf16 norms, rotary and SiLU·up as C++ calls (`kernels/decoder_pointwise_cpu.py`) vs torch's ops. `--tokens 8`: each step runs 8 positions
+eager`: bf16 norms, rotary and SiLU·up as C++ calls (`kernels/decoder_pointwise_cpu.py`) vs torch's ops. `--against
+onednn`: bf16 projections and LM head on the C++ bf16 linear (`kernels/bf16_linear_cpu.py`) vs oneDNN's. `--tokens 8`: each step runs 8 positions
 per row, as a verify step of γ 7 does, and rolls them back.
 
 Both forwards run the same model object on their own KV slots, filled by the same prefill (`--context`
@@ -64,6 +65,8 @@ def _targets(model_text: str, against: str = "hf", dtype: str = "float32"):
         other.decode_products = False
     elif against == "eager":
         other.fused_pointwise = False
+    elif against == "onednn":
+        other.bf16_linear = False
     else:
         other.lean = False
     return {"lean": lean, against: other}
@@ -133,10 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: this process's CPU time (with --threads 1, robust to other jobs taking the cores)")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--against", choices=("hf", "unpacked", "sdpa", "eager"), default="hf",
+    ap.add_argument("--against", choices=("hf", "unpacked", "sdpa", "eager", "onednn"), default="hf",
                     help="hf: Hugging Face's own forward; unpacked: the lean forward without prepacked weights; "
                          "sdpa: the lean forward with SDPA at decode steps too; eager: the lean forward with its "
-                         "elementwise steps as torch ops, not C++ calls")
+                         "elementwise steps as torch ops, not C++ calls; onednn: the lean forward with bf16 "
+                         "projections on oneDNN's packed matmul, not the C++ bf16 linear")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1], help="positions per row per step (8: a γ 7 verify)")
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="float32",
                     help="the target's dtype (auto: bf16 where the CPU has native bf16)")

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from dspark_core.decode_attention import decode_attention, takes
 from dspark_core.kv_slots import SlotWindow
+from dspark_core.kernels.bf16_linear_cpu import PairPacked
 from dspark_core.packed_linear import pack, packed_linear, weight_key
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
@@ -84,9 +85,10 @@ def additive_mask(window: SlotWindow, dtype: torch.dtype) -> Tensor:
 
 
 class Proj(NamedTuple):
-    """One projection as the forward runs it: the weight (oneDNN's blocked copy when `packed`) and its bias."""
+    """One projection as the forward runs it: the weight (when `packed`, `packed_linear.pack`'s copy: the bf16
+    kernel's or oneDNN's) and its bias."""
 
-    weight: Tensor
+    weight: Tensor | PairPacked
     bias: Tensor | None
     packed: bool = False
 
@@ -109,16 +111,17 @@ class Fused(NamedTuple):
     layers: list[FusedLayer]
     head: Proj
     pack: bool  # built with prepacking asked for
+    bf16_kernel: bool  # and with the bf16 kernel allowed where it runs (else oneDNN's packing)
     packed_from: tuple[nn.Module, ...]  # the modules whose weights were packed (copies: stale once one changes)
     key: tuple  # their weights' `weight_key` when packed
 
 
-def packed(weight: Tensor, bias: Tensor | None, do_pack: bool) -> Proj:
-    """A projection over oneDNN's blocked copy of `weight` where `do_pack` and it is `packable`
-    (`dspark_core.packed_linear`: 2–3× MKL's fp32 speed at a few rows on this CPU, and row-independent
-    results), else over the weight itself. The whole forward, paired:
+def packed(weight: Tensor, bias: Tensor | None, do_pack: bool, bf16_kernel: bool = True) -> Proj:
+    """A projection over a packed copy of `weight` where `do_pack` and it is `packable` (`dspark_core.packed_linear`:
+    oneDNN's, 2–3× MKL's fp32 speed at a few rows on this CPU, or the bf16 kernel's where it runs; row-independent
+    results either way), else over the weight itself. The whole forward, paired:
     `python3 -m benchmarks.target_forward --against unpacked --tokens 1 8`."""
-    blocked = pack(weight) if do_pack else None
+    blocked = pack(weight, bf16_kernel) if do_pack else None
     if blocked is None:
         return Proj(weight, bias)
     return Proj(blocked, None if bias is None else bias.detach(), True)
@@ -154,12 +157,13 @@ def _stack(linears: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
     return weight, bias
 
 
-def fused_for(model: nn.Module, fused: Fused | None, pack: bool = True) -> Fused:
+def fused_for(model: nn.Module, fused: Fused | None, pack: bool = True, bf16_kernel: bool = True) -> Fused:
     """`fused` if the modules' weights are still the ones it was built from, else built afresh (after
     `model.to(…)`, a new state dict or an in-place write to a packed weight). `pack`: every projection and the
-    LM head over oneDNN's prepacked weights where that pays (`packed`). Runs at every forward: it checks the
+    LM head over prepacked weights where that pays (`packed`; `bf16_kernel`: this project's bf16 kernel where it
+    runs, else oneDNN's). Runs at every forward: it checks the
     first stack's address (the unpacked stacks are the modules' own memory) and only the packed weights' keys."""
-    if fused is not None and fused.pack == pack:
+    if fused is not None and fused.pack == pack and fused.bf16_kernel == bf16_kernel:
         q = model.model.layers[0].self_attn.q_proj.weight
         stack = fused.layers[0].qkv
         same = stack.packed or (q.data_ptr() == stack.weight.data_ptr() and q.dtype == stack.weight.dtype)
@@ -168,17 +172,18 @@ def fused_for(model: nn.Module, fused: Fused | None, pack: bool = True) -> Fused
     layers, packed_from = [], []
     for layer, (qkv, gate_up) in zip(model.model.layers, fuse_projections(model)):
         attn, mlp = layer.self_attn, layer.mlp
-        f = FusedLayer(packed(*qkv, pack), packed(attn.o_proj.weight, attn.o_proj.bias, pack),
-                       packed(*gate_up, pack), packed(mlp.down_proj.weight, mlp.down_proj.bias, pack))
+        f = FusedLayer(packed(*qkv, pack, bf16_kernel), packed(attn.o_proj.weight, attn.o_proj.bias, pack, bf16_kernel),
+                       packed(*gate_up, pack, bf16_kernel),
+                       packed(mlp.down_proj.weight, mlp.down_proj.bias, pack, bf16_kernel))
         for proj, modules in zip(f, ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj],
                                      [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])):
             if proj.packed:  # a module's weight made a view of its stack keeps its own version counter
                 packed_from += modules
         layers.append(f)
-    head = packed(model.lm_head.weight, model.lm_head.bias, pack)
+    head = packed(model.lm_head.weight, model.lm_head.bias, pack, bf16_kernel)
     if head.packed:
         packed_from.append(model.lm_head)
-    return Fused(layers, head, pack, tuple(packed_from), tuple(weight_key(m.weight) for m in packed_from))
+    return Fused(layers, head, pack, bf16_kernel, tuple(packed_from), tuple(weight_key(m.weight) for m in packed_from))
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -215,9 +220,9 @@ def decoder_forward(
 ) -> tuple[Tensor, Tensor]:
     """(logits [R, U or max_new, vocab] in the model's dtype, features [R, max_new, len(layer_ids) * hidden]).
 
-    `decode_products`: a bf16/fp16 decode step on the CPU computes attention as fp32 products
-    (`decode_attention.py`, a C++ kernel where it builds: 2–4× torch's SDPA per step there, as exact); False keeps
-    SDPA everywhere.
+    `decode_products`: a bf16/fp16 decode or verify step on the CPU (≤ 16 new positions per row) computes attention
+    as fp32 products (`decode_attention.py`, a C++ kernel where it builds: 2–4× torch's SDPA per step there, as
+    exact, and a verify step's query the bits of a decode step's at its position); False keeps SDPA everywhere.
     `fused_pointwise`: a bf16 Llama-family forward on the CPU runs each layer's RMSNorms (with the residual add),
     rotary and SiLU·up as one C++ call each (`kernels/decoder_pointwise_cpu.py`: the same roundings as Hugging
     Face's ops; the norm and SiLU within one bf16 rounding of them); False keeps the eager ops, bit-identical."""
@@ -233,7 +238,9 @@ def decoder_forward(
     # A prefill into empty slots (every row's new positions from 0) is plain causal attention: SDPA's own causal
     # path skips the blocks above the diagonal (the same numbers as the mask's; 11% of a prefill's attention here).
     causal = window.uniform and window.total == max_new
-    mask = None if causal else additive_mask(window, hidden.dtype)
+    few = decode_products and takes(max_new, hidden.dtype, hidden.device)  # a decode or verify step on the CPU
+    visible = window.positions + 1 if few else None  # [R, max_new] keys each new query attends to
+    mask = None if causal or few else additive_mask(window, hidden.dtype)
     first = base.layers[0].self_attn
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [R, 1, max_new, head_dim], over the heads
     heads, head_dim = first.q_proj.weight.shape[0] // first.head_dim, first.head_dim
@@ -259,8 +266,8 @@ def decoder_forward(
             qk = _rope(qkv[:, :, : heads + kv_heads].transpose(1, 2), cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]
         keys, values = window.write(index, k, qkv[:, :, heads + kv_heads :].transpose(1, 2))
-        if decode_products and takes(q):
-            out = decode_attention(q, keys, values, mask, attn.scaling)
+        if few:
+            out = decode_attention(q, keys, values, visible, attn.scaling)
         else:
             out = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, is_causal=causal, scale=attn.scaling, enable_gqa=kv_heads != heads

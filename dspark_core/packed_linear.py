@@ -9,7 +9,11 @@ a verify step's logits equal a plain step's bit for bit. A packed copy costs the
 bf16 on a CPU with native bf16 (AVX512-BF16/AMX) runs through oneDNN either way, but a plain `F.linear`
 reorders the weight at every call: over the prepacked copy the same products run 1.4–1.6× faster with the
 same numbers (measured here, 1 thread: gate/up [3072 × 576] at 16 rows 0.28 → 0.19 ms, the LM head
-[49,152 × 576] 7.9 → 4.9 ms, max difference 0). Without native bf16 they stay on `F.linear`.
+[49,152 × 576] 7.9 → 4.9 ms, max difference 0). Without native bf16 they stay on `F.linear`. Where the CPU has
+AVX512-BF16 but no AMX, a bf16 weight is packed for this project's own kernel instead
+(`kernels/bf16_linear_cpu.py`): at the few rows of a decode or verify step oneDNN reads the weight at 8–18 GB/s,
+the kernel at 22–27 GB/s (AMD Zen 4, 2 threads: SmolLM2's projections at one row 0.60–0.65× oneDNN's time, at 8
+rows 0.64–0.74×; at hundreds of rows within 10%). It too gives a row the same result whatever rows run beside it.
 
 `decoder_forward` packs the target's projections and LM head (`pack`); `pack_linears` turns a draft model's
 `nn.Linear`s into `PackedLinear`s, which pack their weight at the first forward without gradients and again
@@ -23,6 +27,9 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from dspark_core.kernels import bf16_linear_cpu, kernel_mode
+from dspark_core.kernels.bf16_linear_cpu import PairPacked
 
 
 # oneDNN's call costs a fixed ≈ 60 µs more than MKL's at one row (576 × 576: 0.10 vs 0.04 ms), which only a large
@@ -49,18 +56,40 @@ def packable(weight: Tensor) -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-def pack(weight: Tensor) -> Tensor | None:
-    """oneDNN's blocked copy of a [out, in] weight, or None where it is not `packable` (or the op refuses it)."""
+def pack(weight: Tensor, bf16_kernel: bool = True) -> Tensor | PairPacked | None:
+    """A [out, in] weight packed for the faster kernel here: this project's bf16 kernel where it runs and
+    `bf16_kernel` (`PairPacked`), else oneDNN's blocked copy; None where it is not `packable` (or oneDNN refuses it)."""
     if not packable(weight):
         return None
+    if bf16_kernel and uses_bf16_kernel(weight):
+        return bf16_linear_cpu.pack(weight)
     try:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     except (RuntimeError, AttributeError):  # pragma: no cover - a torch without these ops
         return None
 
 
-def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
-    """x @ W.T + b over `pack(W)`; any leading dimensions."""
+def uses_bf16_kernel(weight: Tensor) -> bool:
+    """Whether `pack` packs this weight for the bf16 kernel (`kernels/bf16_linear_cpu.py`) rather than oneDNN."""
+    return weight.dtype == torch.bfloat16 and bf16_linear_cpu.takes(weight) and bf16_linear_cpu.ready()
+
+
+def path(dtype: torch.dtype, device: torch.device, bf16_kernel: bool = True) -> str:
+    """Which linear a packed projection of `dtype` on `device` runs (a cell's provenance records it): "c++ kernel",
+    "onednn" or "torch" (`F.linear`, where nothing is packed)."""
+    probe = torch.empty((1, 1 << 17), dtype=dtype, device=device)  # a weight as large as the smallest packed one
+    if not packable(probe):
+        return "torch"
+    return "c++ kernel" if bf16_kernel and uses_bf16_kernel(probe) else "onednn"
+
+
+def packed_linear(x: Tensor, packed: Tensor | PairPacked, bias: Tensor | None) -> Tensor:
+    """x @ W.T + b over `pack(W)`; any leading dimensions. A weight packed for the bf16 kernel runs `F.linear` over
+    the weight itself while `DSPARK_KERNELS=torch` (the kernel's twin, read at every call as the other kernels')."""
+    if isinstance(packed, PairPacked):
+        if kernel_mode() == "torch":
+            return F.linear(x, packed.weight, bias)
+        return bf16_linear_cpu.linear(x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 

@@ -80,7 +80,8 @@ class TargetModel:
         # plumbing, new keys/values written once behind each row); anything else runs Hugging Face's forward.
         self.lean: bool = not self.varlen_attention and lean_forward.supports(self.model)
         self._fused: lean_forward.Fused | None = None  # built at the first lean forward
-        self.pack_weights: bool = True  # oneDNN's prepacked projections and LM head where they pay (decoder_forward.packed)
+        self.pack_weights: bool = True  # prepacked projections and LM head where they pay (decoder_forward.packed)
+        self.bf16_linear: bool = True  # bf16 on the CPU: packed for the C++ bf16 kernel where it runs, not oneDNN
         self.decode_products: bool = True  # bf16/fp16 decode steps' attention as fp32 products (decode_attention.py)
         self.fused_pointwise: bool = True  # bf16 on the CPU: norms, rotary, SiLU·up as C++ calls (decoder_forward)
 
@@ -153,7 +154,7 @@ class TargetModel:
             keep, inverse = torch.unique(logits_at, return_inverse=True)  # [U] positions, [num_rows, k] → U
         if self.lean:
             window = cache.window(rows, num_new, token_ids.shape[1])
-            self._fused = lean_forward.fused_for(self.model, self._fused, self.pack_weights)
+            self._fused = lean_forward.fused_for(self.model, self._fused, self.pack_weights, self.bf16_linear)
             logits, features = decoder_forward(self.model, self._fused, window, token_ids, self.layer_ids, keep,
                                                self.decode_products, self.fused_pointwise)
             window.close()

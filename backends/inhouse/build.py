@@ -115,7 +115,7 @@ class Models:
             if model.lean and model.dtype == torch.bfloat16 and model.device.type == "cpu":
                 from dspark_core.kernels import cpu_build
 
-                for kernel in ("decode_attention", "decoder_pointwise"):  # built (≈ 1 s each, once per machine)
+                for kernel in ("decode_attention", "decoder_pointwise", "bf16_linear"):  # built (≈ 1 s each, once per machine)
                     cpu_build.load(kernel)  # or found wanting now, not inside a timed cell
             tokenizer = AutoTokenizer.from_pretrained(ref.location)
             self._targets[key] = LoadedTarget(model, tokenizer, stop_tokens(tokenizer), model_refs.fingerprint(ref))

@@ -23,7 +23,7 @@ from backends.inhouse.load import LoadSpec, run_load
 from contracts.backend import Progress
 from contracts.cells import Cell, CellResult, RequestResult
 from contracts.records import MeasurementWindow, RequestRecord
-from dspark_core import decode_attention, decoder_forward
+from dspark_core import decode_attention, decoder_forward, packed_linear
 from inputs import model_refs
 
 
@@ -138,6 +138,7 @@ def provenance(cell: Cell, built: Built, dataset_hash: str, device: torch.device
         out["decode_attention"] = attention
         fits = model.fused_pointwise and decoder_forward.pointwise_fits(model.model, model.dtype, model.device)
         out["decoder_pointwise"] = "c++ kernels" if fits else "torch ops"
+        out["linear"] = packed_linear.path(model.dtype, model.device, model.bf16_linear) if model.pack_weights else "torch"
     if model_refs.is_random(cell.target.path):  # random weights (inputs.model_refs): engine speed only, never quality
         out["random_weights"] = cell.target.path
     if cell.is_synthetic:  # every row of a synthetic cell says so (and `derive` adds its flag metric)

@@ -38,7 +38,8 @@ def cache_dir() -> Path:
     return (Path(env) if env else Path.home() / ".cache" / "dspark-harness") / "kernels"
 
 
-def _cpu_flags() -> str:
+@lru_cache(maxsize=1)
+def cpu_flags() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -64,7 +65,7 @@ def build(name: str, variant: str = "native") -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # what the sources include
     key = hashlib.sha256("\n".join([source.read_text(), *headers, " ".join(flags + LINK_FLAGS), *version,
-                                    _cpu_flags()]).encode()).hexdigest()[:16]
+                                    cpu_flags()]).encode()).hexdigest()[:16]
     target = cache_dir() / f"{name}-{variant}-{key}.so"
     if target.exists():
         return target

@@ -1,4 +1,4 @@
-"""The C++ kernel of a bf16 decode step's attention on the CPU (`decode_attention.cpp`), built at first use.
+"""The C++ kernel of a bf16 decode or verify step's attention on the CPU (`decode_attention.cpp`), built at first use.
 
 Its twin and spec is `dspark_core.decode_attention.decode_attention_torch` (fp32 products over widened keys and
 values); the dispatch, `decode_attention.decode_attention`, runs this kernel unless `DSPARK_KERNELS=torch`, the
@@ -24,7 +24,7 @@ def library(variant: str = "native") -> ctypes.CDLL | None:
     lib = cpu_build.load(NAME, variant)
     if lib is not None and not any(lib is seen for seen in _DECLARED):
         i64 = ctypes.c_int64
-        lib.dspark_decode_attention.argtypes = [ctypes.c_void_p] * 5 + [i64] * 11 + [ctypes.c_float, ctypes.c_int]
+        lib.dspark_decode_attention.argtypes = [ctypes.c_void_p] * 5 + [i64] * 12 + [ctypes.c_float, ctypes.c_int]
         lib.dspark_decode_attention.restype = None
         lib.dspark_decode_attention_native.restype = ctypes.c_int
         _DECLARED.append(lib)  # held, so no later library can take its place unseen
@@ -39,29 +39,32 @@ def ready() -> bool:
 
 
 def covers(query: Tensor, keys: Tensor) -> bool:
-    """Whether the kernel takes these tensors: bf16 on the CPU, unit stride over head_dim, one query per row."""
-    return (query.dtype == keys.dtype == torch.bfloat16 and keys.device.type == "cpu" and query.shape[2] == 1
+    """Whether the kernel takes these tensors: bf16 on the CPU, unit stride over head_dim."""
+    return (query.dtype == keys.dtype == torch.bfloat16 and keys.device.type == "cpu"
             and keys.stride(-1) == 1 and query.shape[1] % keys.shape[1] == 0)
 
 
-def decode_attention_cpu(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scale: float,
+def decode_attention_cpu(query: Tensor, keys: Tensor, values: Tensor, visible: Tensor | None, scale: float,
                          variant: str = "native") -> Tensor | None:
     """`decode_attention_torch`'s result from the kernel, or None where it is unavailable (shapes as the twin's:
-    query [R, heads, 1, d], keys/values [R, kv_heads, T, d], mask additive [R, 1, 1, T] or None)."""
+    query [R, heads, W, d], keys/values [R, kv_heads, T, d], visible [R, W] keys per query or None for all T)."""
     lib = library(variant)
     if lib is None or (variant == "native" and not lib.dspark_decode_attention_native()):
         return None  # no kernel, or a CPU without AVX512-BF16: the portable loops are no faster than the twin
-    rows, heads, _, dim = query.shape
+    rows, heads, width, dim = query.shape
     kv_heads, total = keys.shape[1], keys.shape[2]
     if values.stride(-1) != 1 or values.shape != keys.shape:
         values = values.contiguous()
-    q = query.reshape(rows, heads, dim).contiguous()
-    m = None if mask is None else mask.reshape(rows, total).to(torch.float32).contiguous()
-    out = torch.empty((rows, heads, 1, dim), dtype=torch.bfloat16)
+    q = query.contiguous()
+    if visible is None:
+        seen = torch.full((rows, width), total, dtype=torch.int64)
+    else:  # the kernel reads exactly these keys: never past the window, never none
+        seen = visible.to(torch.int64).clamp(1, total).contiguous()
+    out = torch.empty((rows, heads, width, dim), dtype=torch.bfloat16)
     ks, vs = keys.stride(), values.stride()
     lib.dspark_decode_attention(
-        q.data_ptr(), keys.data_ptr(), values.data_ptr(), None if m is None else m.data_ptr(), out.data_ptr(),
-        rows, kv_heads, heads // kv_heads, total, dim, ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
+        q.data_ptr(), keys.data_ptr(), values.data_ptr(), seen.data_ptr(), out.data_ptr(),
+        rows, kv_heads, heads // kv_heads, width, total, dim, ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
         float(scale), torch.get_num_threads(),
     )
     return out

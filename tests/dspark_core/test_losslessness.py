@@ -556,3 +556,27 @@ def test_broken_verifier_fails(monkeypatch, broken: str, case_id: str):
     p = fit(results, exact_law(target, 1.0))
     print(f"broken verifier {broken}, {case_id}: χ² p = {p:.2g}")
     assert p < BROKEN_ALPHA, f"the χ² test did not catch a broken verifier ({broken}, {case_id}): p = {p:.2g}"
+
+
+@pytest.mark.parametrize("case_id", ["ngram", "bad"])
+def test_greedy_equals_plain_decoding_in_bf16_with_the_cpu_kernels(monkeypatch, case_id: str):
+    """bf16 on the CPU, where the lean forward runs its C++ kernels: a verify step's logits must be a decode step's
+    bit for bit (each projection's row and each attention query independent of what shares the call), else a near
+    tie in bf16 flips a greedy token. The tiny Llama in bf16, every projection packed (the bf16 linear kernel where
+    it runs), a vocabulary of 96 whose bf16 logits tie often; drafts accepted (n-gram) and rejected (bad)."""
+    from conftest import tiny_llama
+    from dspark_core import packed_linear
+    from dspark_core.kernels import bf16_linear_cpu, decode_attention_cpu
+
+    if not (bf16_linear_cpu.ready() and decode_attention_cpu.ready()):
+        pytest.skip("the bf16 CPU kernels do not run here")
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_ELEMENTS", 0)
+    target = TargetModel(tiny_llama().to(torch.bfloat16))
+    ref = greedy_reference(target)
+    case = next(c for c in GREEDY_DRAFTERS if c.id == case_id)
+    config = GenerationConfig(max_new_tokens=MAX_NEW, num_drafts=7, temperature=0.0, stop_token_ids=(ref.stop,))
+    results = generate(target, case.build(target, ref.bigram), ref.prompts, config, seed=123)
+    assert isinstance(target._fused.head.weight, bf16_linear_cpu.PairPacked)
+    for i, (r, expected) in enumerate(zip(results, ref.reference)):
+        assert r.output_ids == expected, f"{case_id}: prompt {i} diverged from plain greedy decoding in bf16"
+    assert sum(sum(r.counters.num_accepted) for r in results) > (10 if case_id == "ngram" else -1)
