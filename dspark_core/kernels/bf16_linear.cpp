@@ -123,10 +123,11 @@ void dspark_bf16_linear_pack(const uint16_t* w, uint16_t* wp, int64_t N, int64_t
       }
 }
 
-// x [M, K] bf16 (row stride xs, unit stride over K), wp as packed above, bias fp32 [N] or null, y [M, N] bf16
-// (row stride ys). Tasks of 64 columns split over `threads` OpenMP threads (torch's own runtime).
-void dspark_bf16_linear(const uint16_t* x, int64_t xs, const uint16_t* wp, const float* bias, uint16_t* y,
-                        int64_t ys, int64_t M, int64_t N, int64_t K, int threads) {
+// x [M, K] bf16 contiguous, wp as packed above, bias fp32 [N] or null, y [M, N] bf16 contiguous. Tasks of 64
+// columns split over `threads` OpenMP threads (torch's own runtime).
+void dspark_bf16_linear(const uint16_t* x, const uint16_t* wp, const float* bias, uint16_t* y, int64_t M, int64_t N,
+                        int64_t K, int threads) {
+  const int64_t xs = K, ys = N;
   const int64_t K2 = K / 2, blocks = (N + LANES - 1) / LANES, tasks = (blocks + NB - 1) / NB;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t t = 0; t < tasks; ++t) {

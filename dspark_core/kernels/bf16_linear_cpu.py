@@ -28,6 +28,8 @@ class PairPacked(NamedTuple):
 
     blocks: Tensor  # [ceil(N / 16), K / 2, 16, 2] bf16: 16 output columns per block, K in adjacent pairs
     weight: Tensor  # [N, K], the source (never copied: the module's own tensor or its stack)
+    out_features: int
+    in_features: int
 
     @property
     def shape(self) -> torch.Size:
@@ -40,7 +42,7 @@ def library(variant: str = "native") -> ctypes.CDLL | None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.dspark_bf16_linear_pack.argtypes = [p, p, i64, i64]
         lib.dspark_bf16_linear_pack.restype = None
-        lib.dspark_bf16_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, ctypes.c_int]
+        lib.dspark_bf16_linear.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_int]
         lib.dspark_bf16_linear.restype = None
         lib.dspark_bf16_linear_native.restype = ctypes.c_int
         _DECLARED.append(lib)  # held, so no later library can take its place unseen
@@ -67,25 +69,24 @@ def pack(weight: Tensor, variant: str = "native") -> PairPacked:
     source = weight.detach().contiguous()
     blocks = torch.empty(((n + LANES - 1) // LANES, k // 2, LANES, 2), dtype=torch.bfloat16)
     lib.dspark_bf16_linear_pack(source.data_ptr(), blocks.data_ptr(), n, k)
-    return PairPacked(blocks, weight.detach())
+    return PairPacked(blocks, weight.detach(), n, k)
 
 
 def linear(x: Tensor, packed: PairPacked, bias: Tensor | None, variant: str = "native") -> Tensor:
-    """x @ W.T + b for x [..., K] bf16 (any leading dimensions), W the weight `packed` holds."""
+    """x @ W.T + b for x [..., K] bf16 (any leading dimensions), W the weight `packed` holds. Kept lean: it runs for
+    every projection of every step (≈ 5 µs of Python and ctypes per call)."""
     lib = library(variant)
     assert lib is not None
-    n, k = packed.weight.shape
+    n, k = packed.out_features, packed.in_features
     if x.dtype != torch.bfloat16 or x.shape[-1] != k:
         raise ValueError(f"bf16_linear: x {tuple(x.shape)} {x.dtype}, weight [{n}, {k}] bf16")
-    rows = x.reshape(-1, k)
-    if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < k):
-        rows = rows.contiguous()
-    out = torch.empty((rows.shape[0], n), dtype=torch.bfloat16)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    out = torch.empty((*x.shape[:-1], n), dtype=torch.bfloat16)
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
-    lib.dspark_bf16_linear(rows.data_ptr(), rows.stride(0), packed.blocks.data_ptr(),
-                           None if b is None else b.data_ptr(), out.data_ptr(), n, rows.shape[0], n, k,
-                           torch.get_num_threads())
-    return out.reshape(*x.shape[:-1], n)
+    lib.dspark_bf16_linear(x.data_ptr(), packed.blocks.data_ptr(), None if b is None else b.data_ptr(),
+                           out.data_ptr(), x.numel() // k, n, k, torch.get_num_threads())
+    return out
 
 
 __all__ = ["PairPacked", "library", "linear", "pack", "ready", "takes"]
