@@ -255,7 +255,7 @@ def speculative_step(
     draft_valid = target_valid[:, 1:]  # [R, width − 1]: drafts 1 … n verified
     cu_num_drafts = torch.nn.functional.pad(n_verify.cumsum(0), (1, 0))  # [R + 1]
     draft_probs = None if proposal.draft_probs is None else proposal.draft_probs[:, : width - 1][draft_valid]
-    result = (verifier or verify)(out.logits[target_valid], inputs[:, 1:][draft_valid], cu_num_drafts,
+    result = (verifier or verify)(_rows_where(out.logits, target_valid), inputs[:, 1:][draft_valid], cu_num_drafts,
                                   draft_probs, temperatures, generators)
 
     # Accept + bonus: the accepted drafts, then the recovered (or bonus) token in the first rejected place.
@@ -272,6 +272,16 @@ def speculative_step(
     # Roll back the target cache to anchor + accepted: the rejected drafts' keys and values are dropped.
     state.target_cache.rollback(rows, cache_len_before + num_emitted)
     return step_outcome(step.num_drafts, width, emitted, num_emitted, n_verify, proposal.confidence_logits)
+
+
+def _rows_where(logits: Tensor, valid: Tensor) -> Tensor:
+    """`logits[valid]` ([R, width, vocab] → [valid count, vocab], row-major order) as a view when every position is
+    valid (every row verifies its whole block) and as whole-row copies otherwise: a boolean index copies element by
+    element (16 × 8 rows of 49,152 logits: 1.8 ms against 1.3 for `index_select`, 0 for the view)."""
+    flat = logits.flatten(0, 1)
+    if bool(valid.all()):
+        return flat
+    return flat.index_select(0, valid.flatten().nonzero().squeeze(1))
 
 
 def step_outcome(num_drafts: int, width: int, emitted: Tensor, num_emitted: Tensor, n_verify: Tensor,

@@ -5,6 +5,11 @@ DSpark and DFlash inject the target's fused context features as extra keys/value
 Hugging Face layers cannot take that, so the layer is written here; parameter names follow
 Qwen3 (`self_attn.q_proj`, `q_norm`, `mlp.gate_proj`, `input_layernorm`, …) so checkpoints map
 one-to-one onto DeepSpec's and vLLM's `Qwen3DSparkModel`.
+
+Drafting in bf16 on the CPU without gradients, the norms, the rotary and SiLU·up run as the target's C++
+elementwise calls (`kernels/decoder_pointwise.cpp`, the rule of `pointwise`): a one-layer draft at one row is
+dispatch-bound, ≈ 40 torch ops of a few µs each around 7 small matmuls. Their numbers are the eager ops' (the
+rotary and residual adds bit for bit, norm and SiLU within one bf16 rounding); training and fp32 keep the ops.
 """
 
 from __future__ import annotations
@@ -12,6 +17,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from dspark_core.kernels import decoder_pointwise_cpu as pw
+
+
+def pointwise(x: Tensor, weight: Tensor) -> bool:
+    """Whether this call on `x` takes the C++ elementwise kernels: inference (they have no backward), `x` and the
+    layer's weights bf16 on the CPU, the library built, `DSPARK_KERNELS` not `torch` (`decoder_pointwise_cpu`)."""
+    return not torch.is_grad_enabled() and weight.dtype == x.dtype and pw.ready(x.dtype, x.device)
 
 
 class RMSNorm(nn.Module):
@@ -21,6 +34,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        if pointwise(x, self.weight):
+            return pw.add_rms_norm(x, None, self.weight, self.eps)[1]
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -54,13 +69,23 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
-    def project_kv(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """x [batch, seq, hidden], positions [batch, seq] → k, v [batch, kv_heads, seq, head_dim]."""
+    def project_kv(
+        self, x: Tensor, positions: Tensor, rotation: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """x [batch, seq, hidden], positions [batch, seq] → k, v [batch, kv_heads, seq, head_dim]. `rotation`:
+        `rotary(positions, …)` when the caller has it already."""
         b, n, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        cos, sin = rotation if rotation is not None else rotary(positions, self.head_dim, self.theta)
         v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rotary(positions, self.head_dim, self.theta)
-        return apply_rotary(k, cos, sin), v
+        return self._norm_rotate(self.k_proj(x), self.k_norm, self.num_kv_heads, cos, sin), v
+
+    def _norm_rotate(self, projected: Tensor, norm: RMSNorm, heads: int, cos: Tensor, sin: Tensor) -> Tensor:
+        """A projection [batch, seq, heads·head_dim] per-head normed and rotated: [batch, heads, seq, head_dim]."""
+        b, n, _ = projected.shape
+        x = norm(projected.view(b, n, heads, self.head_dim))
+        if pointwise(x, norm.weight):
+            return pw.rope(x, heads, cos.to(x.dtype), sin.to(x.dtype))  # apply_rotary's roundings, one call
+        return apply_rotary(x.transpose(1, 2), cos, sin)
 
     def forward(
         self,
@@ -79,10 +104,9 @@ class DraftAttention(nn.Module):
         are written there and attention reads the buffers in place, instead of concatenating a copy of the
         whole context every layer and step. Grouped KV heads are read in place too (SDPA `enable_gqa`)."""
         b, n, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, n, self.num_heads, self.head_dim)).transpose(1, 2)
         cos, sin = rotary(positions, self.head_dim, self.theta)
-        q = apply_rotary(q, cos, sin)
-        new_k, new_v = self.project_kv(x, positions)
+        q = self._norm_rotate(self.q_proj(x), self.q_norm, self.num_heads, cos, sin)
+        new_k, new_v = self.project_kv(x, positions, (cos, sin))
         k, v = new_k, new_v
         if past_k is not None and past_v is not None and scratch_at is not None:
             past_k[:, :, scratch_at : scratch_at + n] = new_k.to(past_k.dtype)
@@ -105,7 +129,10 @@ class DraftMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if pointwise(x, self.gate_proj.weight):
+            return self.down_proj(pw.silu_mul(torch.cat([gate, up], dim=-1)))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DraftDecoderLayer(nn.Module):
@@ -125,8 +152,13 @@ class DraftDecoderLayer(nn.Module):
     ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
         attn = self.self_attn(self.input_layernorm(x), positions, past_k, past_v, attn_mask, return_kv, scratch_at)
         attn, kv = attn if return_kv else (attn, None)
-        x = x + attn
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        post = self.post_attention_layernorm
+        if pointwise(x, post.weight):
+            x, normed = pw.add_rms_norm(x, attn, post.weight, post.eps)  # the residual add, bit for bit, and the norm
+        else:
+            x = x + attn
+            normed = post(x)
+        x = x + self.mlp(normed)
         return x if kv is None else (x, kv)
 
 
