@@ -78,46 +78,27 @@ class DSparkModel(TargetFedDraft):
         # The LM head over the whole block in one matmul, as the kernel takes it: only the Markov bias needs the
         # previous token. Drafting over 49 k words, γ matmuls of one row each cost γ reads of the head's weight.
         backbone = self.lm_head(h).float()  # [R, n, draft vocab]
-        if self.markov_head is None or type(self.markov_head) is MarkovHead:
-            return self._sample_markov_block(h, backbone, anchor_ids, temperatures, uniforms, greedy)
-        prev = anchor_ids
-        head_state = self.markov_head.init_state(h.shape[0], h.device)
-        tokens, probs, confs = [], [], []
-        for k in range(h.shape[1]):
-            logits, conf, head_state = self.head_outputs(h[:, k], prev, head_state, backbone[:, k])
-            index, p = draw_position(logits, temperatures, uniforms[:, k], greedy)
-            if p is not None:
-                probs.append(p)
-            prev = self.to_target_ids(index)  # W1 and the proposal read target ids
-            tokens.append(prev)
-            confs.append(conf)
-        conf_t = torch.stack(cast(list[Tensor], confs), dim=1) if confs and confs[0] is not None else None
-        return torch.stack(tokens, dim=1), self.full_vocab_probs(torch.stack(probs, dim=1)) if probs else None, conf_t
-
-    def _sample_markov_block(
-        self, h: Tensor, backbone: Tensor, anchor_ids: Tensor, temperatures: Tensor, uniforms: Tensor, greedy: bool,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """`sample_block` for the Markov head (or none), with `head_outputs`' numbers in fewer calls: each position
-        is a row gather of W1, the rank-r product, one add and the draw, and the confidence head, whose input is
-        known once the block is drawn, runs once over the block. At one row the loop is dispatch-bound: γ 7 of SmolLM2's
-        draft (2 threads, AMD Zen 4) 1.11 → 0.75 ms alone, ≈ 1.25 → 1.0 ms inside a DSpark step."""
+        # Per position only the head's bias and the draw (`head_outputs`' numbers, fewer calls: at one row the loop is
+        # dispatch-bound; γ 7 of SmolLM2's draft 1.11 → 0.75 ms on AMD Zen 4). The confidence head's inputs are
+        # known once the block is drawn, so it runs once over the block.
         head = self.markov_head
         prev = anchor_ids
-        tokens, probs, embedded = [], [], []
+        head_state = head.init_state(h.shape[0], h.device) if head is not None else None
+        prevs, tokens, probs = [], [], []
         for k in range(h.shape[1]):
             logits = backbone[:, k]
             if head is not None:
-                e = head.markov_w1.weight.index_select(0, prev)  # [R, r]: the embedding's rows
-                embedded.append(e)
-                logits = logits + head.markov_w2(e)  # the bias in the head's dtype, added in fp32
+                bias, head_state = head.bias(prev, h[:, k], head_state)
+                logits = logits + bias  # the bias in the head's dtype, added in fp32
             index, p = draw_position(logits, temperatures, uniforms[:, k], greedy)
             if p is not None:
                 probs.append(p)
+            prevs.append(prev)
             prev = self.to_target_ids(index)  # W1 and the proposal read target ids
             tokens.append(prev)
         conf = None
         if head is not None and self.confidence_head is not None:
-            conf = self.confidence_head(h, torch.stack(embedded, dim=1))
+            conf = self.confidence_head(h, head.markov_w1(torch.stack(prevs, dim=1)))
         return torch.stack(tokens, dim=1), self.full_vocab_probs(torch.stack(probs, dim=1)) if probs else None, conf
 
     def teacher_forced(self, h: Tensor, prev_ids: Tensor) -> tuple[Tensor, Tensor | None]:

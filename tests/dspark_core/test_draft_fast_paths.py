@@ -1,6 +1,6 @@
 """The draft's inference fast paths compute the numbers of its plain path.
 
-- `DSparkModel.sample_block` with a Markov head draws each position from `head_outputs`' logits at the token
+- `DSparkModel.sample_block` (every sequential head) draws each position from `head_outputs`' logits at the token
   drawn before it, and its confidence logits are `head_outputs`' too, although they are computed once over the
   block: checked against teacher forcing on the drawn tokens (the per-position path training takes).
 - In bf16 on the CPU the draft layers' norms, rotary and SiLU·up run as C++ calls (`layers.pointwise`); their
@@ -31,9 +31,10 @@ def _model(target, dtype: torch.dtype = torch.float32, head: str = "markov"):
     return model.to(dtype).eval()
 
 
+@pytest.mark.parametrize("head", ["markov", "gated", "rnn"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_markov_block_draws_from_head_outputs_at_the_drawn_tokens(qwen3_target, temperature: float):
-    model = _model(qwen3_target)
+def test_block_draws_from_head_outputs_at_the_drawn_tokens(qwen3_target, temperature: float, head: str):
+    model = _model(qwen3_target, head=head)
     gen = torch.Generator().manual_seed(3)
     rows, n = 4, 6
     h = torch.randn(rows, n, model.config.hidden_size, generator=gen)
