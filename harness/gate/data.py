@@ -238,6 +238,49 @@ def prompt_steps(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Prom
 
 
 @dataclass(frozen=True)
+class ConversationPositions:
+    """Per-position acceptance counts of one cell by conversation, pooled over its ok repeats in the window: the
+    counts of `v_positions` (verified_k: steps with num_verified ≥ k; accepted_k: num_accepted ≥ k) kept apart
+    per conversation, because a conversation's steps are not independent trials (an answer that loops accepts
+    every draft of every step), which an interval over the pooled counts would take them for."""
+
+    units: tuple[str, ...]  # sorted conversations
+    verified: np.ndarray  # [conversations, γ] float64
+    accepted: np.ndarray  # [conversations, γ] float64
+
+
+def conversation_positions(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, ConversationPositions]:
+    """Per cell id with drafting steps, its per-position counts by conversation (γ: the longest verified)."""
+    rows = conn.execute(
+        f"""
+        WITH ok AS ({_OK_REQUESTS})
+        SELECT ok.cell_id, ok.prompt_key, ok.sample_index, s.num_verified, s.num_accepted, count(*)
+        FROM request_steps s
+        JOIN ok ON s.cell_id = ok.cell_id AND s."repeat" = ok."repeat" AND s.request_id = ok.request_id
+        WHERE s.run_id = $run_id AND s.num_verified > 0
+        GROUP BY ALL
+        """,
+        {"run_id": run_id},
+    ).fetchall()
+    grouped: dict[str, list[tuple]] = {}
+    for row in rows:
+        grouped.setdefault(row[0], []).append(row[1:])
+    out = {}
+    for cell_id, recs in grouped.items():
+        units = tuple(sorted({_unit(r[0], r[1]) for r in recs}))
+        index = {u: i for i, u in enumerate(units)}
+        gamma = max(int(r[2]) for r in recs)
+        k = np.arange(1, gamma + 1)
+        verified, accepted = np.zeros((len(units), gamma)), np.zeros((len(units), gamma))
+        for key, sample, num_verified, num_accepted, count in recs:
+            i = index[_unit(key, sample)]
+            verified[i] += count * (num_verified >= k)
+            accepted[i] += count * (num_accepted >= k)
+        out[cell_id] = ConversationPositions(units, verified, accepted)
+    return out
+
+
+@dataclass(frozen=True)
 class ConfidenceCycles:
     """Verify steps that carry confidence logits, of one cell's ok repeats in the window.
 

@@ -192,6 +192,32 @@ def ratio_statistic(numerator: np.ndarray, denominator: np.ndarray) -> Statistic
     return stat
 
 
+def wilson_interval(successes: float, trials: float, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (inside [0, 1], sane at 0 and at all successes);
+    trials > 0, not necessarily whole (an effective count)."""
+    p = min(max(successes / trials, 0.0), 1.0)
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def clustered_wilson(successes: np.ndarray, trials: np.ndarray, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's interval for Σ successes / Σ trials when the trials come in clusters (a conversation's verify
+    steps): the count is shrunk to its effective size n / deff (Kish), deff the variance of the ratio of sums
+    across clusters (linearised, U / (U − 1) for U clusters) over the binomial variance, never below 1. With
+    independent trials deff ≈ 1 and this is Wilson's interval; with one looping conversation dominating, it is
+    as wide as that conversation's weight makes it. Wilson, not a bootstrap, so that 0 successes still get an
+    upper bound. successes, trials: [clusters]; Σ trials > 0."""
+    n, x = float(trials.sum()), float(successes.sum())
+    p = x / n
+    used = int((trials > 0).sum())
+    deff = 1.0
+    if used >= 2 and 0.0 < p < 1.0:
+        spread = used / (used - 1) * float(((successes - p * trials) ** 2).sum()) / (n * n)
+        deff = max(1.0, spread / (p * (1 - p) / n))
+    return wilson_interval(x / deff, n / deff, z)
+
+
 def ratio_bootstrap(
     base_num: np.ndarray,
     base_den: np.ndarray,

@@ -9,7 +9,10 @@ Intervals (95%):
 
     τ = 1 + Σ accepted / Σ drafting steps          percentile bootstrap over conversations (a multi-turn
                                                    conversation is one unit), 2,000 draws, seed 0
-    α_k = accepted_k / verified_k                  Wilson score interval (steps pooled over rounds)
+    α_k = accepted_k / verified_k                  Wilson score interval on the effective count: steps pooled over
+                                                   rounds, shrunk by the design effect of conversations
+                                                   (`stats.clustered_wilson`; a looping answer accepts on every
+                                                   step, so steps are not independent trials)
     ECE (raw | STS-calibrated)                     the gate's ECE (`stats.ece_table`), bootstrap over
                                                    conversations; `n` = confidences observed
     ECE gain = raw − calibrated                    paired: both ECEs on the same bootstrap draw of conversations,
@@ -37,8 +40,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from harness.gate import data as gate_data
-from harness.gate.stats import NUM_BINS, EceTable, bootstrap_interval, cumulative_survival, ece_table, ratio_statistic
-from harness.report.sections import wilson
+from harness.gate.stats import (NUM_BINS, EceTable, bootstrap_interval, clustered_wilson, cumulative_survival, ece_table,
+                                 ratio_statistic)
 
 TASK_ORDER = ("gsm8k", "humaneval", "mt_bench")
 DRAFT_ORDER = ("dspark", "dspark-rnn", "dflash", "eagle3", "draft-model", "ngram", "none")
@@ -169,17 +172,16 @@ def ece_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | Non
     return float(np.mean(values))
 
 
-def _positions(conn, run_id: str, cell_id: str) -> list[tuple[int, Interval]]:
-    rows = conn.execute(
-        """SELECT position, sum(accepted_k), sum(verified_k) FROM v_positions
-           WHERE run_id = $run_id AND cell_id = $cell_id GROUP BY position ORDER BY position""",
-        {"run_id": run_id, "cell_id": cell_id},
-    ).fetchall()
-    out = []
-    for position, accepted, verified in rows:
-        if verified:
-            low, high = wilson(float(accepted), float(verified))
-            out.append((int(position), Interval(float(accepted) / float(verified), low, high)))
+def _positions(counts: gate_data.ConversationPositions | None) -> list[tuple[int, Interval]]:
+    """α_k per position k with a verified draft: `v_positions`' ratio, its interval over conversations."""
+    out: list[tuple[int, Interval]] = []
+    if counts is None:
+        return out
+    for k in range(counts.verified.shape[1]):
+        verified, accepted = counts.verified[:, k], counts.accepted[:, k]
+        if verified.sum() > 0:
+            low, high = clustered_wilson(accepted, verified)
+            out.append((k + 1, Interval(float(accepted.sum() / verified.sum()), low, high)))
     return out
 
 
@@ -242,6 +244,7 @@ class CardRow:
 def card_rows(conn, run_id: str) -> list[CardRow]:
     cells = gate_data.cells(conn, run_id)
     steps = gate_data.prompt_steps(conn, run_id)
+    positions = gate_data.conversation_positions(conn, run_id)
     speedups = _speedups(conn, run_id)
     throughput = _throughput(conn, run_id)
     plain_of: dict[tuple, str] = {}
@@ -278,7 +281,7 @@ def card_rows(conn, run_id: str) -> list[CardRow]:
             cell_id=cell.cell_id, backend=a["backend"], task=a["task"], drafter=a["drafter"], method=a["method"],
             gamma=int(a["num_drafts"] or 0), policy=a["policy"], temperature=float(a["temperature"] or 0.0),
             concurrency=int(a["concurrency"] or 0), conversations=conversations, drafting_steps=drafting, tau=tau,
-            positions=tuple(_positions(conn, run_id, cell.cell_id)), ece_raw=ece[False][0], ece_calibrated=ece[True][0],
+            positions=tuple(_positions(positions.get(cell.cell_id))), ece_raw=ece[False][0], ece_calibrated=ece[True][0],
             ece_floor_raw=ece[False][1], ece_floor_calibrated=ece[True][1], ece_gain=gain, confidences=confidences,
             tokens_per_s=float(np.mean(tput)) if tput else None, speedup=sp.get("speedup", Interval(None)),
             speedup_status=sp.get("status"), speedup_vs_other_plain=vs_other,
@@ -391,7 +394,8 @@ def card_sections(rows: list[CardRow], pooled: PooledCalibration | None = None) 
         "## Acceptance (95% intervals)",
         "",
         "τ = 1 + accepted ÷ drafting steps (harness.metrics.acceptance); interval: bootstrap over conversations.",
-        "α_k: share of verified drafts at position k accepted (Wilson interval).",
+        "α_k: share of verified drafts at position k accepted (Wilson interval on the count that conversations are "
+        "worth: `stats.clustered_wilson`).",
         "",
         "| task | T | backend | c | drafter | γ | policy | conversations | drafting steps | τ | α₁ | α₂ | α₃ | α_γ |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from harness.gate.stats import wilson_interval
 from harness.report import figures
 
 Z95 = 1.959963984540054
@@ -87,10 +88,7 @@ def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
     """Wilson score interval of a proportion (stays inside [0, 1], sane at 0 and n successes)."""
     if n <= 0:
         return (math.nan, math.nan)
-    p = min(max(successes / n, 0.0), 1.0)
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    return wilson_interval(successes, n, z)
 
 
 def save(fig, path: Path) -> Path:

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
+from harness.gate.stats import wilson_interval
 from harness.report import figures, reliability
 from harness.report.data import HISTORY_METRIC, SUMMARY_METRICS, RunData
 from harness.report.figures import Line, Panel
@@ -450,10 +451,7 @@ def wilson(successes, trials, z: float = 1.96) -> tuple[float | None, float | No
     """The Wilson score interval of a binomial proportion; (None, None) without trials."""
     if not trials or successes is None:
         return None, None
-    p, n = successes / trials, trials
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return wilson_interval(successes, trials, z)
 
 
 def _metadata(value):

@@ -90,6 +90,18 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
     assert "## The paper's relations" in card and summary["card_run"] in card
     assert (out / "card.yaml").exists()
 
+    # The card measured again on these drafts (recipes.real.card): the trained drafts' greedy τ is the same walk.
+    from recipes.real.card import remeasure
+
+    try:
+        again = remeasure(out, data_dir=str(data_dir), log=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
+    greedy = [c for c in again.checks if c.figure == "tau" and c.point.split()[1] == "T0"]
+    assert {c.point.split()[3] for c in greedy} == {"ngram", "dspark", "dflash", "eagle3"}
+    assert again.same_drafts and all(c.rebuilt == pytest.approx(c.committed) for c in greedy)
+    assert json.loads((out / "build.json").read_text())["build_card_run"] == summary["card_run"]
+
     # The ablation command trains from the build's kept caches exactly as the build did: the row with the
     # build's settings reproduces the build's DSpark draft; a row with a smaller vocabulary (a subset of the
     # compact cache's tokens) differs. The whole vocabulary is refused before any row trains.

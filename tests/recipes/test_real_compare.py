@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.real.compare import binomial_tail, compare, main
+from recipes.real.compare import binomial_tail, compare, differs, main
 
 COMMITTED = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m"
 
@@ -42,20 +42,37 @@ def test_the_committed_card_reproduces_itself(tmp_path, card):
     assert zero and all(c.verdict == "within" for c in zero)
 
 
+def _shift(figure: dict, by: float) -> dict:
+    """The figure measured again `by` higher, its interval moved with it (a redraw carries its own interval)."""
+    return {k: (v + by if v is not None else None) for k, v in figure.items()}
+
+
 def test_a_few_misses_are_chance_and_many_are_not(tmp_path, card):
     moved = copy.deepcopy(card)
     dspark = [c for c in moved["cells"] if c["drafter"] == "dspark"]
-    for c in dspark[:2]:  # two τ beyond their intervals: what a faithful redraw does now and then
-        c["tau"]["value"] = c["tau"]["high"] + 0.5
+    for c in dspark[:2]:  # two τ far beyond both intervals: what a faithful redraw does now and then
+        c["tau"] = _shift(c["tau"], 0.5)
     r = compare(_build_dir(tmp_path / "a", card), _build_dir(tmp_path / "b", moved, b"other weights"))
     assert not r.same_drafts
     assert [c.figure for c in r.outside] == ["tau", "tau"] and r.reproduced
     for c in moved["cells"]:  # every τ and α_k moved: a different draft, not chance
-        c["tau"]["value"] = (c["tau"]["high"] or 0) + 0.5
-        c["positions"] = [[k, {**v, "value": min(1.0, (v["high"] or 0) + 0.2)}] for k, v in c["positions"]]
+        c["tau"] = _shift(c["tau"], 0.5)
+        c["positions"] = [[k, _shift(v, 0.2)] for k, v in c["positions"]]
     shutil.rmtree(tmp_path / "b")
     r = compare(tmp_path / "a", _build_dir(tmp_path / "b", moved))
     assert not r.reproduced and r.chance_p < 0.01 and len(r.outside) > 50
+
+
+def test_a_figure_is_judged_by_the_difference_of_two_measurements_not_by_one_interval():
+    """Two faithful measurements 1.3 half-widths apart: the second point is outside the first's interval, but the
+    difference (√2 half-widths of noise) is not beyond its own 95% interval; the same gap on intervals half as wide is."""
+    assert not differs(2.0, 1.8, 2.2, 2.26, 2.06, 2.46)
+    assert differs(2.0, 1.9, 2.1, 2.26, 2.16, 2.36)
+    # Only the half-widths that face each other count (ECE's and ratios' intervals are lopsided): long tails pointing
+    # away widen nothing, either way round; a long tail pointing at the other figure does.
+    assert differs(0.06, 0.059, 0.10, 0.05, 0.02, 0.051) and differs(0.05, 0.02, 0.051, 0.06, 0.059, 0.10)
+    assert not differs(0.06, 0.059, 0.10, 0.05, 0.049, 0.08)
+    assert not differs(0.0, -1e-17, 0.01, 0.0, 0.0, 0.012)  # two zero counts
 
 
 def test_a_cell_or_figure_in_one_card_only_fails(tmp_path, card):
