@@ -229,11 +229,12 @@ def drafts_fingerprint(drafts_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def run_card(suite: Path, db: Path, *, data_dir: str | None, log, drafts: str = "", resume: bool = False) -> str:
+def run_card(suite: Path, db: Path, *, data_dir: str | None, log, drafts: str = "", resume: bool = False,
+             progress: bool = False) -> str:
     """Run the card suite through the harness runner; returns the run id. The run is stamped with the drafts'
     fingerprint; with `resume`, a card run of these same drafts is reused when finished and resumed when not
     (an interrupted build loses no measured cell). A card run that does not finish raises: a card is
-    never rendered from part of its suite."""
+    never rendered from part of its suite. `progress`: a line per cell, as `harness run` prints them."""
     import os
 
     from harness.progress import PlainDisplay
@@ -247,7 +248,7 @@ def run_card(suite: Path, db: Path, *, data_dir: str | None, log, drafts: str = 
     if data_dir is not None:
         os.environ["HARNESS_DATA_DIR"] = str(data_dir)
     try:
-        outcome = run_suite(suite, db_path=db, display=PlainDisplay(quiet=True), metadata={"drafts": drafts},
+        outcome = run_suite(suite, db_path=db, display=PlainDisplay(quiet=not progress), metadata={"drafts": drafts},
                             resume=earlier["run_id"] if earlier is not None else None)
     finally:
         if data_dir is not None:

@@ -85,7 +85,7 @@ def write_card(root: str | Path, db: str | Path | None = None, run_id: str | Non
     return path
 
 
-def remeasure(root: str | Path, *, data_dir: str | None = None, resume: bool = False, log=print):
+def remeasure(root: str | Path, *, data_dir: str | None = None, resume: bool = False, progress: bool = False, log=print):
     """Run root/card.yaml again on this machine with the code checked out now, record where in build.json
     (`card_measurement`; the build's own run stays as `build_card_run`), render the card from the new run, and
     return the new figures judged against the card they replaced (a `recipes.real.compare.Reproduction`)."""
@@ -104,7 +104,7 @@ def remeasure(root: str | Path, *, data_dir: str | None = None, resume: bool = F
     before = read_card(root)
     start = time.perf_counter()
     run_id = run_card(suite, root / "card.duckdb", data_dir=data_dir, log=log,
-                      drafts=drafts_fingerprint(root / "drafts"), resume=resume)
+                      drafts=drafts_fingerprint(root / "drafts"), resume=resume, progress=progress)
     seconds = time.perf_counter() - start
     with Store.open(root / "card.duckdb", read_only=True) as store:
         run = store.run(run_id) or {}
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true", help="list every figure of the judgement, not only those not within")
     args = parser.parse_args(argv)
     try:
-        result = remeasure(args.root, data_dir=args.data_dir, resume=args.resume)
+        result = remeasure(args.root, data_dir=args.data_dir, resume=args.resume, progress=True)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
