@@ -292,6 +292,9 @@ def card_rows(conn, run_id: str) -> list[CardRow]:
     return rows
 
 
+_VERDICT = {True: "holds", False: "does not hold", None: "overlap"}  # `Interval.above`, as a relation reads it
+
+
 def relations(rows: list[CardRow], pooled: PooledCalibration | None = None) -> list[tuple[str, str, str]]:
     """(claim, verdict, evidence): verdict is holds | does not hold | overlap (intervals do not separate).
     With `pooled` (`pooled_calibration`), also the calibrated-ECE goal, judged on that one pooled ECE."""
@@ -303,14 +306,19 @@ def relations(rows: list[CardRow], pooled: PooledCalibration | None = None) -> l
         trio = [tau.get((backend, task, temp, conc, d)) for d in ("dspark", "dflash", "eagle3")]
         if None in trio:
             continue
-        verdicts = [trio[0].tau.above(trio[1].tau), trio[1].tau.above(trio[2].tau)]  # type: ignore[union-attr]
-        verdict = ("holds" if all(v is True for v in verdicts) else
-                   "does not hold" if any(v is False for v in verdicts) else "overlap")
+        # The chain is the paper's claim; its links are printed too, since one link can separate while the chain
+        # overlaps (DSpark above DFlash, with Eagle3-style between them).
+        links = {name: _VERDICT[trio[i].tau.above(trio[j].tau)]  # type: ignore[union-attr]
+                 for name, i, j in (("DSpark > DFlash", 0, 1), ("DFlash > Eagle3-style", 1, 2), ("DSpark > Eagle3-style", 0, 2))}
+        chain = [links["DSpark > DFlash"], links["DFlash > Eagle3-style"]]
+        verdict = ("holds" if all(v == "holds" for v in chain) else
+                   "does not hold" if "does not hold" in chain else "overlap")
         out.append((f"{task} T={temp:g} c{conc}: τ DSpark > DFlash > Eagle3-style", verdict,
-                    " > ".join(t.tau.text() for t in trio)))  # type: ignore[union-attr]
+                    " > ".join(t.tau.text() for t in trio)  # type: ignore[union-attr]
+                    + "; " + ", ".join(f"{name} {v}" for name, v in links.items())))
     for r in rows:
         if r.drafter == "dspark" and r.ece_raw.value is not None and r.ece_calibrated.value is not None:
-            verdict = {True: "holds", False: "does not hold", None: "overlap"}[r.ece_gain.above(NEGLIGIBLE_ECE_GAIN)]
+            verdict = _VERDICT[r.ece_gain.above(NEGLIGIBLE_ECE_GAIN)]
             out.append((f"{r.task} T={r.temperature:g} c{r.concurrency}: DSpark ECE calibrated < raw", verdict,
                         f"{r.ece_raw.text(3)} → {r.ece_calibrated.text(3)}, paired gain {r.ece_gain.text(3)}, "
                         f"n {r.confidences:,}"))
@@ -318,7 +326,7 @@ def relations(rows: list[CardRow], pooled: PooledCalibration | None = None) -> l
         ece, n = pooled.calibrated.ece, pooled.calibrated.confidences
         below = Interval(ECE_GOAL, ECE_GOAL, ECE_GOAL).above(ece)  # judged on the interval, as every relation is
         verdict = ("too few confidences" if n < ECE_GOAL_MIN_N else
-                   {True: "holds", False: "does not hold", None: "overlap"}[below])
+                   _VERDICT[below])
         out.append((f"T={pooled.temperature:g}: DSpark calibrated ECE ≤ {ECE_GOAL:.0%} on ≥ {ECE_GOAL_MIN_N:,} confidences",
                     verdict, f"{pooled.calibrated.ece.text(3)} (floor {_num(pooled.calibrated.floor)}) on {n:,}, "
                              f"one ECE over {', '.join(pooled.tasks)} pooled"))

@@ -46,12 +46,15 @@ def test_relations_are_judged_on_the_intervals(tmp_path):
     with store:
         ordered = relations(card_rows(store.con, run_id))
     assert [v for c, v, _ in ordered if "τ DSpark > DFlash" in c] == ["holds"]
+    evidence = next(e for c, _, e in ordered if "τ DSpark > DFlash" in c)
+    assert evidence.endswith("; DSpark > DFlash holds, DFlash > Eagle3-style holds, DSpark > Eagle3-style holds")
     store, run_id = _run(tmp_path, {"dspark": 0.2, "dflash": 0.5, "eagle3": 0.8}, name="reversed")
     with store:
         rows = card_rows(store.con, run_id)
         reversed_ = relations(rows)
         text = "\n".join(card_sections(rows))
     assert [v for c, v, _ in reversed_ if "τ DSpark > DFlash" in c] == ["does not hold"]
+    assert "DSpark > Eagle3-style does not hold" in next(e for c, _, e in reversed_ if "τ DSpark > DFlash" in c)
     assert "## Calibration" in text and "does not hold" in text
 
 
