@@ -238,6 +238,44 @@ def prompt_steps(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Prom
 
 
 @dataclass(frozen=True)
+class Replay:
+    """A cell whose ok rounds all took the very same verify steps on every prompt: `rounds` copies of round `first`."""
+
+    rounds: int
+    first: int
+
+
+def replayed_rounds(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Replay]:
+    """Per cell id with drafting steps whose rounds replay one another, the count of copies and the first round.
+
+    A suite's rounds reuse its seeds so that their timings pair; an engine that is deterministic for a seed then
+    decodes the same conversations again, step for step. Sums over rounds stay the same ratios (τ, α_k, ECE), but
+    counts over them do not: n identical rounds are n copies of one sample, not n samples, and a count, a
+    binomial interval or an ECE floor that took them for independent would be √n too sure. Compared on each
+    prompt's sequence of (verified, accepted) per step, over the window's succeeded requests."""
+    rows = conn.execute(
+        f"""
+        WITH ok AS ({_OK_REQUESTS}),
+        walks AS (
+            SELECT ok.cell_id, ok."repeat", ok.prompt_key,
+                   md5(string_agg(s.num_verified || ':' || s.num_accepted, ',' ORDER BY s.step)) AS walk
+            FROM request_steps s
+            JOIN ok ON s.cell_id = ok.cell_id AND s."repeat" = ok."repeat" AND s.request_id = ok.request_id
+            WHERE s.run_id = $run_id
+            GROUP BY ok.cell_id, ok."repeat", ok.request_id, ok.prompt_key
+        ),
+        rounds AS (
+            SELECT cell_id, "repeat", string_agg(prompt_key || '=' || walk, ';' ORDER BY prompt_key, walk) AS all_walks
+            FROM walks GROUP BY cell_id, "repeat"
+        )
+        SELECT cell_id, count(*), min("repeat"), count(DISTINCT all_walks) FROM rounds GROUP BY cell_id
+        """,
+        {"run_id": run_id},
+    ).fetchall()
+    return {cell_id: Replay(int(n), int(first)) for cell_id, n, first, distinct in rows if n > 1 and distinct == 1}
+
+
+@dataclass(frozen=True)
 class ConversationPositions:
     """Per-position acceptance counts of one cell by conversation, pooled over its ok repeats in the window: the
     counts of `v_positions` (verified_k: steps with num_verified ≥ k; accepted_k: num_accepted ≥ k) kept apart

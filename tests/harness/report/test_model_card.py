@@ -159,3 +159,40 @@ def test_the_ece_goal_is_judged_on_one_ece_over_every_task_pooled(tmp_path):
     assert card["pooled_calibration"]["tasks"] == ["gsm8k", "mt_bench"]
     assert card["pooled_calibration"]["ece_raw"]["value"] == pytest.approx(pooled.raw.ece.value)
     assert json.loads(card_json(rows))["pooled_calibration"] is None
+
+
+def _rounds_run(tmp_path, name: str, seeds: tuple[int, ...]) -> tuple[Store, str]:
+    """One dspark cell measured in len(seeds) rounds; equal seeds make a round replay the one before it."""
+    import datetime as dt
+
+    from harness.store import new_run_id
+    from report_fixtures import T0, run_info
+
+    store = Store.open(tmp_path / f"{name}.duckdb")
+    run_id = store.begin_run(run_info("card"), run_id=new_run_id(T0), started_at=T0)
+    cell = make_cell("dspark", 4)
+    for repeat, seed in enumerate(seeds):
+        result = make_result(seed, gamma=4, accept=0.6, confidences=True, num_requests=40)
+        store.record_cell(run_id, cell, repeat, result=result, error=None, started_at=T0,
+                          finished_at=T0 + dt.timedelta(seconds=5),
+                          comparability_key="k")
+    store.finish_run(run_id)
+    return store, run_id
+
+
+def test_rounds_that_replay_one_another_count_once(tmp_path):
+    """Rounds reuse the suite's seeds, so a deterministic engine decodes the same conversations again: the card's
+    ratios are the same with or without the copy, its counts, α_k intervals and ECE floor are one round's."""
+    from harness.gate.data import replayed_rounds
+
+    cards = {}
+    for name, seeds in (("one", (3,)), ("replayed", (3, 3)), ("two", (3, 4))):
+        store, run_id = _rounds_run(tmp_path, name, seeds)
+        with store:
+            cards[name] = (card_rows(store.con, run_id)[0], replayed_rounds(store.con, run_id))
+    (one, _), (replayed, replay), (two, not_replayed) = cards["one"], cards["replayed"], cards["two"]
+    assert [(r.rounds, r.first) for r in replay.values()] == [(2, 0)] and not not_replayed
+    assert replayed.tau.value == pytest.approx(one.tau.value) and replayed.drafting_steps == one.drafting_steps
+    assert replayed.confidences == one.confidences and two.confidences > one.confidences
+    assert replayed.positions == one.positions
+    assert replayed.ece_raw == one.ece_raw and replayed.ece_calibrated == one.ece_calibrated
