@@ -62,6 +62,8 @@ def measured_line(data: dict, run_id: str) -> str:
     where = ", ".join(str(x) for x in (again.get("cpu_model"), f"{again.get('cores')} cores",
                                        f"CPU {again.get('cpu')}", f"torch {again.get('torch')}") if x)
     commit = f" at commit {str(again['commit'])[:7]}" if again.get("commit") else ""
+    if commit and again.get("dirty"):
+        commit += " with uncommitted changes"
     return (f"Measured by harness run `{run_id}`{commit} ({where}; {again.get('seconds', 0) / 60:.1f} min), "
             f"`python -m recipes.real.card` on the drafts above as built: the build's own card run was "
             f"`{data.get('build_card_run', '?')}`.")
@@ -114,7 +116,7 @@ def remeasure(root: str | Path, *, data_dir: str | None = None, resume: bool = F
     data["card_run"] = run_id
     data["card_measurement"] = {"run": run_id, "seconds": seconds, "cpu_model": host.get("cpu_model"),
                                 "cores": host.get("cores"), "cpu": torch.backends.cpu.get_cpu_capability(),
-                                "torch": torch.__version__, "commit": run.get("git_sha")}
+                                "torch": torch.__version__, "commit": run.get("git_sha"), "dirty": run.get("git_dirty")}
     record.write_text(json.dumps(data, indent=2))
     write_card(root)
     return compare_cards(before, read_card(root), same_drafts=True, names=("previous", "re-measured"))

@@ -107,7 +107,7 @@ def test_a_card_measured_again_replaces_the_figures_and_says_where_they_came_fro
     data = json.loads((root / "build.json").read_text())
     again = data["card_measurement"]
     assert data["build_card_run"] == first and data["card_run"] == again["run"] != first
-    assert again["cores"] >= 1 and again["cpu_model"] and again["seconds"] > 0
+    assert again["cores"] >= 1 and again["cpu_model"] and again["seconds"] > 0 and "dirty" in again
     card = (root / "MODEL_CARD.md").read_text()
     assert f"Measured by harness run `{again['run']}`" in card and f"the build's own card run was `{first}`" in card
     # Same drafts, same prompts, greedy: n-gram's τ and α_k are the same walk, so they sit inside the old intervals.
