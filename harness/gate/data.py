@@ -278,13 +278,15 @@ def replayed_rounds(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, R
 @dataclass(frozen=True)
 class ConversationPositions:
     """Per-position acceptance counts of one cell by conversation, pooled over its ok repeats in the window: the
-    counts of `v_positions` (verified_k: steps with num_verified ≥ k; accepted_k: num_accepted ≥ k) kept apart
+    counts of `v_positions` (verified_k: steps with num_verified ≥ k; accepted_k: num_accepted ≥ k; reached_k:
+    num_accepted ≥ k − 1 and num_verified ≥ k) kept apart
     per conversation, because a conversation's steps are not independent trials (an answer that loops accepts
     every draft of every step), which an interval over the pooled counts would take them for."""
 
     units: tuple[str, ...]  # sorted conversations
     verified: np.ndarray  # [conversations, γ] float64
     accepted: np.ndarray  # [conversations, γ] float64
+    reached: np.ndarray  # [conversations, γ] float64
 
 
 def conversation_positions(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, ConversationPositions]:
@@ -309,12 +311,13 @@ def conversation_positions(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict
         index = {u: i for i, u in enumerate(units)}
         gamma = max(int(r[2]) for r in recs)
         k = np.arange(1, gamma + 1)
-        verified, accepted = np.zeros((len(units), gamma)), np.zeros((len(units), gamma))
+        verified, accepted, reached = (np.zeros((len(units), gamma)) for _ in range(3))
         for key, sample, num_verified, num_accepted, count in recs:
             i = index[_unit(key, sample)]
             verified[i] += count * (num_verified >= k)
             accepted[i] += count * (num_accepted >= k)
-        out[cell_id] = ConversationPositions(units, verified, accepted)
+            reached[i] += count * ((num_accepted >= k - 1) & (num_verified >= k))
+        out[cell_id] = ConversationPositions(units, verified, accepted, reached)
     return out
 
 

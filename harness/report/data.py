@@ -38,7 +38,8 @@ class RunData:
     cells: list[dict]  # v_cells rows of the run
     tau: list[dict]  # per (backend, target, task, drafter, method, γ, policy, temperature): pooled τ, and
     #                  tau_lo / tau_hi: the smallest and largest τ of one repeat (pooled the same way)
-    positions: list[dict]  # per (backend, target, drafter, policy, gamma = its largest γ, position): α_k, β_k
+    positions: list[dict]  # per (backend, target, drafter, policy, gamma = its largest γ, position): α_k, β_k,
+    #                        each with its 95% interval over conversations (alpha_lo/hi, beta_lo/hi)
     calibration: list[dict]  # per (backend, target, drafter, kind, position ≥ 1, bin): bin sums over cells
     load: list[dict]  # per (backend, target, task, drafter, method, γ, policy, temperature, concurrency, rate):
     #                   mean, min and max over repeats (<metric>, <metric>_lo, <metric>_hi) of LOAD_METRICS
@@ -60,7 +61,7 @@ def load_run(store: Store, run_id: str) -> RunData:
     data = RunData(
         run=run, cells=cells,
         tau=_dicts(store, TAU_SQL, key),
-        positions=_dicts(store, POSITIONS_SQL, key),
+        positions=_with_intervals(store, run_id, _dicts(store, POSITIONS_SQL, key)),
         calibration=_dicts(store, CALIBRATION_SQL, key),
         load=_dicts(store, LOAD_SQL, key),
         summary=_dicts(store, SUMMARY_SQL, key),
@@ -122,6 +123,44 @@ POSITIONS_SQL = f"""
     WHERE p.run_id = $run_id
     GROUP BY ALL ORDER BY ALL
 """
+
+def _with_intervals(store: Store, run_id: str, rows: list[dict]) -> list[dict]:
+    """Each α_k / β_k row with the model card's interval (`stats.clustered_wilson`): the row's cells' steps counted
+    per conversation, rounds that replay one another once (`gate_data.replayed_rounds`), so a looping answer or a
+    replayed round does not pass for independent trials."""
+    from harness.gate import data as gate_data
+    from harness.gate.stats import clustered_wilson
+
+    counts = gate_data.conversation_positions(store.con, run_id)
+    replays = gate_data.replayed_rounds(store.con, run_id)
+    members: dict[tuple, list[tuple[gate_data.ConversationPositions, float]]] = {}
+    for cell_id, backend, target, drafter, policy, gamma in store.con.execute(
+            "SELECT DISTINCT cell_id, backend, target, drafter, policy, num_drafts FROM cells "
+            "WHERE run_id = $run_id AND status = 'ok'", {"run_id": run_id}).fetchall():
+        if cell_id in counts:
+            replay = replays.get(cell_id)
+            members.setdefault((backend, target, drafter, policy, gamma), []).append(
+                (counts[cell_id], float(replay.rounds) if replay else 1.0))
+    for row in rows:
+        k = int(row["position"])
+        parts = members.get((row["backend"], row["target"], row["drafter"], row["policy"], row["gamma"]), [])
+        accepted = _per_conversation(parts, "accepted", k)
+        for prefix, trials in (("alpha", _per_conversation(parts, "verified", k)),
+                               ("beta", _per_conversation(parts, "reached", k))):
+            row[f"{prefix}_lo"], row[f"{prefix}_hi"] = (clustered_wilson(accepted, trials) if trials.sum() > 0
+                                                        else (None, None))
+    return rows
+
+
+def _per_conversation(parts: list, name: str, k: int):
+    """Position k's `name` counts of every conversation of the cells in `parts` ((counts, rounds) each), one
+    round's worth; zero where a cell verified fewer than k drafts."""
+    import numpy as np
+
+    columns = [getattr(c, name)[:, k - 1] / rounds if getattr(c, name).shape[1] >= k else np.zeros(len(c.units))
+               for c, rounds in parts]
+    return np.concatenate(columns) if columns else np.zeros(0)
+
 
 # Bins have the same edges in every cell, so bin sums over a drafter's cells are the reliability diagram
 # of its pooled cycles, per draft position (the one ECE bins each position on its own; position 0, pooled

@@ -23,7 +23,6 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from harness.gate.stats import wilson_interval
 from harness.report import figures, reliability
 from harness.report.data import HISTORY_METRIC, SUMMARY_METRICS, RunData
 from harness.report.figures import Line, Panel
@@ -137,19 +136,19 @@ def positions_section(data: RunData, out: Path) -> Section:
     axes = _varying(rows, ("policy", "target", "backend"))
     for r in rows:
         label = _line_label(f"{r['drafter']} (γ{r['gamma']})", r, axes)
-        for panel, column, trials in ((alpha, "unconditional", "verified"), (beta, "conditional", "reached")):
+        for panel, column, interval in ((alpha, "unconditional", "alpha"), (beta, "conditional", "beta")):
             line = panel.lines.setdefault(label, Line([], [], lo=[], hi=[]))
-            low, high = wilson(r.get("accepted"), r.get(trials))
             line.xs.append(r["position"])
             line.ys.append(r[column])
-            line.lo.append(low)
-            line.hi.append(high)
+            line.lo.append(r.get(f"{interval}_lo"))
+            line.hi.append(r.get(f"{interval}_hi"))
     body = [
         image(_save(figures.panel_grid([alpha, beta], ncols=2), out, "positions.png"),
               "per-position acceptance, unconditional and conditional, per drafter"),
         note("Each drafter and policy at its largest γ, pooled over tasks, loads and repeats (v_positions); policies "
              "are kept apart (a policy that verifies fewer drafts changes who reaches position k); bars: 95% "
-             "Wilson intervals over the verify steps (steps treated as independent). α_k: draft k "
+             "Wilson intervals on the count the conversations are worth (`stats.clustered_wilson`, as the model "
+             "card's: a conversation's steps are not independent, and rounds that replay one another count once). α_k: draft k "
              "accepted among steps that verified it; β_k: among steps that reached it (drafts 1 … k−1 accepted)."),
     ]
     return Section("positions", title, "\n".join(body))
@@ -445,13 +444,6 @@ def _duration(seconds: float | None) -> str | None:
     minutes, secs = divmod(float(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{int(hours)}h {int(minutes):02d}m {secs:04.1f}s" if hours else f"{int(minutes)}m {secs:04.1f}s"
-
-
-def wilson(successes, trials, z: float = 1.96) -> tuple[float | None, float | None]:
-    """The Wilson score interval of a binomial proportion; (None, None) without trials."""
-    if not trials or successes is None:
-        return None, None
-    return wilson_interval(successes, trials, z)
 
 
 def _metadata(value):

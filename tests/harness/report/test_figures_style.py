@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harness.report import figures
 from harness.report.figures import Line, Panel
-from harness.report.sections import wilson
+from harness.gate.stats import wilson_interval
 
 
 def test_styles_stay_distinct_past_ten_series():
@@ -27,6 +27,6 @@ def test_equal_series_are_dodged_and_bars_and_sla_lines_are_drawn():
 
 
 def test_wilson_interval():
-    low, high = wilson(6, 10)
+    low, high = wilson_interval(6, 10)
     assert 0.3 < low < 0.6 < high < 0.85
-    assert wilson(0, 0) == (None, None) and wilson(10, 10)[1] == 1.0
+    assert wilson_interval(10, 10)[1] == 1.0 and wilson_interval(0, 10)[0] == 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+import numpy as np
 import pytest
 
 from harness.report import report_command
@@ -70,6 +71,20 @@ def test_report_data_pools_per_line(full_store):
     # positions only at each drafter's (and policy's) largest γ, policies apart
     assert {(r["drafter"], r["policy"], r["gamma"]) for r in data.positions} == {
         ("dspark", "full", 4), ("dspark", "static", 4), ("dflash", "scheduler", 4)}
+    # each α_k / β_k with the card's interval over the conversations of the row's cells (both loads here)
+    from harness.gate.data import conversation_positions
+    from harness.gate.stats import clustered_wilson
+
+    with Store.open(path, read_only=True) as store:
+        counts = conversation_positions(store.con, run_id)
+        cells = store.con.execute("SELECT DISTINCT cell_id FROM cells WHERE run_id = ? AND status = 'ok' AND drafter = "
+                                  "'dflash'", [run_id]).fetchall()
+    row = next(r for r in data.positions if r["drafter"] == "dflash" and r["position"] == 2)
+    parts = [counts[c] for (c,) in cells]
+    accepted = np.concatenate([c.accepted[:, 1] for c in parts])
+    assert (row["alpha_lo"], row["alpha_hi"]) == clustered_wilson(accepted, np.concatenate([c.verified[:, 1] for c in parts]))
+    assert (row["beta_lo"], row["beta_hi"]) == clustered_wilson(accepted, np.concatenate([c.reached[:, 1] for c in parts]))
+    assert all(r["alpha_lo"] <= r["unconditional"] <= r["alpha_hi"] for r in data.positions if r["verified"])
     # every aggregated point carries its repeats' range
     assert all(r["tau_lo"] <= r["tau"] <= r["tau_hi"] for r in data.tau)
     assert all(r["throughput_lo"] <= r["throughput"] <= r["throughput_hi"] for r in data.load)
