@@ -12,9 +12,10 @@ cell's window, `finish_s >= window_start_s AND finish_s < window_end_s`; succeed
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import numpy as np
@@ -246,7 +247,7 @@ class Replay:
 
 
 def replayed_rounds(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Replay]:
-    """Per cell id with drafting steps whose rounds replay one another, the count of copies and the first round.
+    """Per cell id whose ok rounds replay one another, the count of copies and the first round.
 
     A suite's rounds reuse its seeds so that their timings pair; an engine that is deterministic for a seed then
     decodes the same conversations again, step for step. Sums over rounds stay the same ratios (τ, α_k, ECE), but
@@ -279,9 +280,9 @@ def replayed_rounds(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, R
 class ConversationPositions:
     """Per-position acceptance counts of one cell by conversation, pooled over its ok repeats in the window: the
     counts of `v_positions` (verified_k: steps with num_verified ≥ k; accepted_k: num_accepted ≥ k; reached_k:
-    num_accepted ≥ k − 1 and num_verified ≥ k) kept apart
-    per conversation, because a conversation's steps are not independent trials (an answer that loops accepts
-    every draft of every step), which an interval over the pooled counts would take them for."""
+    num_accepted ≥ k − 1 and num_verified ≥ k) kept apart per conversation, because a conversation's steps are not
+    independent trials (an answer that loops accepts every draft of every step), which an interval over the
+    pooled counts would take them for."""
 
     units: tuple[str, ...]  # sorted conversations
     verified: np.ndarray  # [conversations, γ] float64
@@ -321,6 +322,19 @@ def conversation_positions(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict
     return out
 
 
+_Counts = TypeVar("_Counts", PromptSteps, ConversationPositions)
+
+
+def one_round(counts: _Counts, replay: Replay | None) -> _Counts:
+    """A cell's sums over its rounds as one round's when the rounds replay one another (`replayed_rounds`): the same
+    ratios, and counts of distinct steps, so that a count or a binomial interval does not take copies for samples."""
+    if replay is None:
+        return counts
+    scaled = {f.name: getattr(counts, f.name) / replay.rounds for f in dataclasses.fields(counts)
+              if isinstance(getattr(counts, f.name), np.ndarray)}
+    return dataclasses.replace(counts, **scaled)
+
+
 @dataclass(frozen=True)
 class ConfidenceCycles:
     """Verify steps that carry confidence logits, of one cell's ok repeats in the window.
@@ -336,6 +350,17 @@ class ConfidenceCycles:
     logits: np.ndarray  # [cycles, γ] float64, γ = the largest stored position
     num_verified: np.ndarray  # [cycles] int64
     num_accepted: np.ndarray  # [cycles] int64
+
+    def of_round(self, repeat: int) -> ConfidenceCycles:
+        """Round `repeat`'s cycles alone, its prompts renumbered (`replayed_rounds`: one round of copies)."""
+        keep = self.repeat == repeat
+        used = np.unique(self.prompt_index[keep])
+        renumber = np.full(len(self.prompt_keys), -1)
+        renumber[used] = np.arange(len(used))
+        return ConfidenceCycles(
+            prompt_keys=tuple(self.prompt_keys[i] for i in used), units=tuple(self.units[i] for i in used),
+            prompt_index=renumber[self.prompt_index[keep]], repeat=self.repeat[keep], logits=self.logits[keep],
+            num_verified=self.num_verified[keep], num_accepted=self.num_accepted[keep])
 
 
 def confidence_cycles(conn: duckdb.DuckDBPyConnection, run_id: str, cell_id: str) -> ConfidenceCycles | None:

@@ -61,7 +61,7 @@ def load_run(store: Store, run_id: str) -> RunData:
     data = RunData(
         run=run, cells=cells,
         tau=_dicts(store, TAU_SQL, key),
-        positions=_with_intervals(store, run_id, _dicts(store, POSITIONS_SQL, key)),
+        positions=_with_intervals(store, run_id, _dicts(store, POSITIONS_SQL, key), cells),
         calibration=_dicts(store, CALIBRATION_SQL, key),
         load=_dicts(store, LOAD_SQL, key),
         summary=_dicts(store, SUMMARY_SQL, key),
@@ -124,23 +124,19 @@ POSITIONS_SQL = f"""
     GROUP BY ALL ORDER BY ALL
 """
 
-def _with_intervals(store: Store, run_id: str, rows: list[dict]) -> list[dict]:
+def _with_intervals(store: Store, run_id: str, rows: list[dict], cells: list[dict]) -> list[dict]:
     """Each α_k / β_k row with the model card's interval (`stats.clustered_wilson`): the row's cells' steps counted
     per conversation, rounds that replay one another once (`gate_data.replayed_rounds`), so a looping answer or a
-    replayed round does not pass for independent trials."""
+    replayed round does not pass for independent trials. `cells`: the run's v_cells rows."""
     from harness.gate import data as gate_data
     from harness.gate.stats import clustered_wilson
 
     counts = gate_data.conversation_positions(store.con, run_id)
     replays = gate_data.replayed_rounds(store.con, run_id)
-    members: dict[tuple, list[tuple[gate_data.ConversationPositions, float]]] = {}
-    for cell_id, backend, target, drafter, policy, gamma in store.con.execute(
-            "SELECT DISTINCT cell_id, backend, target, drafter, policy, num_drafts FROM cells "
-            "WHERE run_id = $run_id AND status = 'ok'", {"run_id": run_id}).fetchall():
-        if cell_id in counts:
-            replay = replays.get(cell_id)
-            members.setdefault((backend, target, drafter, policy, gamma), []).append(
-                (counts[cell_id], float(replay.rounds) if replay else 1.0))
+    members: dict[tuple, list[gate_data.ConversationPositions]] = {}
+    for cell_id, key in {c["cell_id"]: (c["backend"], c["target"], c["drafter"], c["policy"], c["num_drafts"])
+                         for c in cells if c["status"] == "ok" and c["cell_id"] in counts}.items():
+        members.setdefault(key, []).append(gate_data.one_round(counts[cell_id], replays.get(cell_id)))
     for row in rows:
         k = int(row["position"])
         parts = members.get((row["backend"], row["target"], row["drafter"], row["policy"], row["gamma"]), [])
@@ -153,12 +149,11 @@ def _with_intervals(store: Store, run_id: str, rows: list[dict]) -> list[dict]:
 
 
 def _per_conversation(parts: list, name: str, k: int):
-    """Position k's `name` counts of every conversation of the cells in `parts` ((counts, rounds) each), one
-    round's worth; zero where a cell verified fewer than k drafts."""
+    """Position k's `name` counts of every conversation of the cells in `parts`; zero where a cell verified fewer
+    than k drafts."""
     import numpy as np
 
-    columns = [getattr(c, name)[:, k - 1] / rounds if getattr(c, name).shape[1] >= k else np.zeros(len(c.units))
-               for c, rounds in parts]
+    columns = [getattr(c, name)[:, k - 1] if getattr(c, name).shape[1] >= k else np.zeros(len(c.units)) for c in parts]
     return np.concatenate(columns) if columns else np.zeros(0)
 
 

@@ -33,10 +33,9 @@ them (non-overlapping intervals, or "overlap" where they do).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -173,35 +172,13 @@ def ece_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | Non
     return float(np.mean(values))
 
 
-_Counts = TypeVar("_Counts", gate_data.PromptSteps, gate_data.ConversationPositions)
-
-
-def _once(counts: _Counts, replay: gate_data.Replay | None) -> _Counts:
-    """A replayed cell's sums over its rounds as one round's (`gate_data.replayed_rounds`): the same ratios, and
-    counts of distinct steps, so that a count or a binomial interval does not take copies for samples."""
-    if replay is None:
-        return counts
-    scaled = {f.name: getattr(counts, f.name) / replay.rounds for f in dataclasses.fields(counts)
-              if isinstance(getattr(counts, f.name), np.ndarray)}
-    return dataclasses.replace(counts, **scaled)
-
-
 def _distinct_cycles(conn, run_id: str, cell_id: str, replays: dict[str, gate_data.Replay]
                      ) -> gate_data.ConfidenceCycles | None:
     """A cell's confidence cycles, one round of them when its rounds replay one another: the ECE is the same
     either way, its confidence count and its floor are not."""
     cycles = gate_data.confidence_cycles(conn, run_id, cell_id)
     replay = replays.get(cell_id)
-    if cycles is None or replay is None:
-        return cycles
-    keep = cycles.repeat == replay.first
-    used = np.unique(cycles.prompt_index[keep])
-    renumber = np.full(len(cycles.prompt_keys), -1)
-    renumber[used] = np.arange(len(used))
-    return gate_data.ConfidenceCycles(
-        prompt_keys=tuple(cycles.prompt_keys[i] for i in used), units=tuple(cycles.units[i] for i in used),
-        prompt_index=renumber[cycles.prompt_index[keep]], repeat=cycles.repeat[keep], logits=cycles.logits[keep],
-        num_verified=cycles.num_verified[keep], num_accepted=cycles.num_accepted[keep])
+    return cycles if cycles is None or replay is None else cycles.of_round(replay.first)
 
 
 def _positions(counts: gate_data.ConversationPositions | None) -> list[tuple[int, Interval]]:
@@ -276,8 +253,8 @@ class CardRow:
 def card_rows(conn, run_id: str) -> list[CardRow]:
     cells = gate_data.cells(conn, run_id)
     replays = gate_data.replayed_rounds(conn, run_id)
-    steps = {cell_id: _once(s, replays.get(cell_id)) for cell_id, s in gate_data.prompt_steps(conn, run_id).items()}
-    positions = {cell_id: _once(p, replays.get(cell_id))
+    steps = {cell_id: gate_data.one_round(s, replays.get(cell_id)) for cell_id, s in gate_data.prompt_steps(conn, run_id).items()}
+    positions = {cell_id: gate_data.one_round(p, replays.get(cell_id))
                  for cell_id, p in gate_data.conversation_positions(conn, run_id).items()}
     speedups = _speedups(conn, run_id)
     throughput = _throughput(conn, run_id)

@@ -6,8 +6,8 @@ then every figure measured by the card suite's harness run (harness/report/model
 Measuring again is for a card whose drafts are fine but whose figures are stale: its speeds date from the engine
 and the CPU of the build, and a faster engine or another machine changes them while the drafts stay what they
 were; rebuilding the drafts (≈ 75 min) is not needed for that. The new run replaces the card, and each of its
-figures is first judged against the card it replaces (`recipes.real.compare` on the same drafts: τ, α_k and ECE
-should land within the old 95% intervals, at T = 0 on the same greedy walk unless the target's roundings moved;
+figures is then judged against the card it replaced (`recipes.real.compare` on the same drafts: τ, α_k and ECE
+should not differ beyond their intervals, at T = 0 the same greedy walk unless the target's roundings moved;
 the speedups move with the engine and the machine, which is the point).
 """
 

@@ -168,7 +168,6 @@ def compare_cards(committed: dict, rebuilt: dict, *, same_drafts: bool,
                   names: tuple[str, str] = ("committed", "rebuilt")) -> Reproduction:
     """Every figure of `rebuilt` against `committed`'s interval for the same point (both card.json objects);
     `names` say what the two cards are (a card measured again on the same drafts is not a rebuild)."""
-    same = same_drafts
     by_key = {tuple(c[k] for k in KEY): c for c in rebuilt["cells"]}
     seen, checks, unmatched = set(), [], []
     for cell in committed["cells"]:
@@ -188,7 +187,7 @@ def compare_cards(committed: dict, rebuilt: dict, *, same_drafts: bool,
     if mine and theirs_pooled:
         point = f"pooled T{mine['temperature']:g} ({' + '.join(mine['tasks'])})"
         checks += [c for f in ("ece_raw", "ece_calibrated") if (c := _check(point, f, mine[f], theirs_pooled[f])) is not None]
-    return Reproduction(same, checks, unmatched, names)
+    return Reproduction(same_drafts, checks, unmatched, names)
 
 
 def _num(x: float | None) -> str:
