@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from contracts.metric import MetricSet
@@ -89,16 +89,38 @@ class Cell:
     seed: int = 0
     sla: SLA | None = None  # the one SLA type (suite section, cell, goodput: harness.metrics.rates.meets)
     backend_options: tuple[tuple[str, Any], ...] = ()  # sorted (key, value) pairs, e.g. server arguments
+    # Which draw of the cell's sampling randomness its requests take: the runner's round (`in_round`). Not a
+    # parameter: the cell's id, axes and row are the same in every round.
+    sampling_round: int = 0
 
     def params(self) -> dict[str, Any]:
         """Canonical, JSON-able parameters: everything that defines the measurement."""
         out = asdict(self)
+        del out["sampling_round"]
         out["backend_options"] = dict(self.backend_options)
         if self.drafter.synthetic_acceptance is None:  # absent, not null: real cells keep their ids
             del out["drafter"]["synthetic_acceptance"]
         else:
             out["drafter"]["synthetic_acceptance"] = list(self.drafter.synthetic_acceptance)
         return out
+
+    def in_round(self, round_: int) -> Cell:
+        """This cell as round `round_` measures it: the same requests, sampled from that round's seeds."""
+        return self if round_ == self.sampling_round else replace(self, sampling_round=round_)
+
+    def request_seed(self, sample: int, turn: int) -> int:
+        """The sampling seed of request (sample, turn), which every backend sends with the request.
+
+        Shared by every drafter and by plain decoding, so the cells of one round decode the same requests from
+        the same randomness source and their ratio is paired. It differs between rounds: at T > 0 a round is a
+        new draw of the outputs, so repeating a sampled cell adds data, not a copy of round 0 (a deterministic
+        engine would otherwise replay it step for step). Greedy cells ignore it, and their rounds replay one
+        another (`harness.gate.data.replayed_rounds` counts such copies once). Round 0 keeps the seeds that
+        runs before rounds drew their own had, so its requests still pair with theirs."""
+        seed = self.seed * 1_000_003 + sample * 1_009 + turn
+        if self.sampling_round:
+            seed += self.sampling_round * 0x9E3779B97F4A7C15  # the golden-ratio step: rounds far apart
+        return seed % (2**63)
 
     @property
     def is_synthetic(self) -> bool:

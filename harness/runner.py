@@ -6,7 +6,9 @@ speculative cells of the same backend, target, task, temperature, load point and
 back, the speculative ones in an order that rotates by one per round, between two passes of the plain
 cell (an ABA sandwich; the closing pass is stored as repeat R + r), so each speculative cell and its
 round's plain baseline saw nearly the same machine and their ratio is paired in time
-(`harness.metrics.speedup`). Server
+(`harness.metrics.speedup`). Every cell of round r samples from round r's seeds (`Cell.in_round`,
+`Cell.request_seed`), its closing plain pass too: a round is a new draw of every sampled output, paired across
+the family's cells and with the same round of another run, so repeating a T > 0 cell adds data. Server
 backends interleave at the server-config level: a unit is a server config (`server_config_key`, the
 backends' interface agreed with h1) with all its load points, run while its server is up; units that
 share a baseline form the family and rotate. `plan` fixes the whole order up front, so a resumed run
@@ -120,7 +122,8 @@ def plan(cells: Sequence[Cell], repeats: int,
     """(cell, repeat) in execution order: round 0, then round 1, …; in round r every family's units in
     turn. A family with plain and speculative units runs an ABA sandwich: its plain units, its
     speculative units rotated by r, its plain units again as repeat `repeats` + r (the closing pass,
-    harness.metrics.speedup); any other family rotates all its units by r (module docstring)."""
+    harness.metrics.speedup); any other family rotates all its units by r (module docstring). Every cell
+    of round r, closing pass included, is `cell.in_round(r)`."""
     work = []
     groups = families(cells, server_key)
     for repeat in range(repeats):
@@ -131,8 +134,8 @@ def plan(cells: Sequence[Cell], repeats: int,
             shift = repeat % len(rotating)
             opening = plain if plain and spec else []
             for unit in opening + rotating[shift:] + rotating[:shift]:
-                work += [(cell, repeat) for cell in unit]
-            work += [(cell, repeats + repeat) for unit in opening for cell in unit]
+                work += [(cell.in_round(repeat), repeat) for cell in unit]
+            work += [(cell.in_round(repeat), repeats + repeat) for unit in opening for cell in unit]
     return work
 
 

@@ -6,9 +6,9 @@ its conversations run to completion before the measured load starts, so the meas
 same ones in every run (the gate pairs them) and the window holds no warm-up tail. The result is the
 contracts' `CellResult` of records; the executor derives the metrics (`harness.metrics.derive`).
 
-Seeds: request (sample i, turn t) of a cell samples from its own generator seeded by (cell seed, i, t),
-the same for every drafter, so plain and speculative cells of one suite decode the same requests with the
-same randomness source.
+Seeds: request (sample i, turn t) of a cell samples from its own generator seeded by `Cell.request_seed`
+(cell seed, round, i, t), the same for every drafter, so plain and speculative cells of one round decode the
+same requests with the same randomness source, and each round is a new draw.
 """
 
 from __future__ import annotations
@@ -27,11 +27,6 @@ from dspark_core import decode_attention, decoder_forward, packed_linear
 from inputs import model_refs
 
 
-def request_seed(seed: int, sample: int, turn: int) -> int:
-    """The generator seed of request (sample, turn) of a cell seeded `seed` (the OpenAI client sends the same)."""
-    return (seed * 1_000_003 + sample * 1_009 + turn) % (2**63)
-
-
 def run_cell(cell: Cell, built: Built, *, num_slots: int, max_context: int, device: torch.device,
              progress: Progress | None = None) -> CellResult:
     """Measure `cell` on an engine over `built` (`num_slots` when the load is open-loop, else its concurrency)."""
@@ -48,7 +43,7 @@ def run_cell(cell: Cell, built: Built, *, num_slots: int, max_context: int, devi
         return Request(
             request_id=f"{sample}:{turn}", prompt_ids=prompt_ids(tokenizer, spec, samples[sample], answers[sample]),
             max_new_tokens=cell.task.max_new_tokens, temperature=cell.task.temperature,
-            seed=request_seed(cell.seed, sample, turn), stop_token_ids=target.stop_token_ids,
+            seed=cell.request_seed(sample, turn), stop_token_ids=target.stop_token_ids,
         )
 
     first_turns = [request(i, 0) for i in range(len(samples))]

@@ -126,8 +126,8 @@ def run_cell_at(endpoint: Endpoint, cell: Cell, progress: Progress | None = None
             prompt: Any = render_messages(spec, samples[sample], answers[sample])
         else:
             prompt = prompt_ids(tokenizer, spec, samples[sample], answers[sample])
-        seed = (cell.seed * 1_000_003 + sample * 1_009 + turn) % (2**63)  # as the in-house adapter
-        return ApiRequest(f"{sample}:{turn}", prompt, cell.task.max_new_tokens, cell.task.temperature, seed)
+        return ApiRequest(f"{sample}:{turn}", prompt, cell.task.max_new_tokens, cell.task.temperature,
+                          cell.request_seed(sample, turn))
 
     def next_turn_from(offset: int):
         def next_turn(conv: int, turn: int, done: StreamedResponse) -> ApiRequest | None:

@@ -224,7 +224,7 @@ class Defaults(Section):
     rate: Rate | None = None
     seed: Annotated[int, Field(ge=0, le=INT64_MAX)] = 0  # the store keeps it in a BIGINT
     warmup: Annotated[int, Field(ge=0)] = 0  # first conversations of a cell run but not measured
-    repeats: Annotated[int, Field(ge=1)] = 1  # rounds: each cell once per round, interleaved (harness.runner)
+    repeats: Annotated[int, Field(ge=1)] = 1  # rounds: each cell once per round, interleaved, sampled anew at T > 0 (harness.runner)
 
     @model_validator(mode="after")
     def _check(self) -> Defaults:

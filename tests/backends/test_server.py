@@ -136,6 +136,17 @@ def test_sampled_outputs_equal_inhouse_with_the_same_seeds(server, inhouse):
     want = _by_key(measure(inhouse, replace(cell, backend="inhouse")))
     assert {k: r.output_ids for k, r in got.items()} == {k: r.output_ids for k, r in want.items()}
 
+    # a later round is a new draw, the same on both backends: its seeds travel with the requests
+    later = cell.in_round(1)
+    got_later = _by_key(measure(OpenAIBackend(base_url=server.url), later))
+    want_later = _by_key(measure(inhouse, replace(later, backend="inhouse")))
+    assert {k: r.output_ids for k, r in got_later.items()} == {k: r.output_ids for k, r in want_later.items()}
+    assert [r.output_ids for r in want_later.values()] != [r.output_ids for r in want.values()]
+    # greedy requests ignore the seed: round 1 replays round 0
+    greedy = replace(cell, task=TaskSpec("gsm8k", 2, 8), backend="inhouse")
+    assert ({k: r.output_ids for k, r in _by_key(measure(inhouse, greedy)).items()}
+            == {k: r.output_ids for k, r in _by_key(measure(inhouse, greedy.in_round(1))).items()})
+
 
 def test_prometheus_source_when_responses_carry_no_steps(server, monkeypatch):
     from backends.openai import adapter

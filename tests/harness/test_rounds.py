@@ -39,6 +39,26 @@ def test_each_round_sandwiches_the_rotating_speculative_cells_between_two_plain_
     assert [slots[(b.cell_id, r)] for r in range(3)] == [2, 1, 2]
 
 
+def test_every_cell_of_a_round_samples_from_that_rounds_seeds_its_closing_plain_pass_too():
+    plain, a = cell(), cell("a", 3)
+    work = plan([plain, a], 3)
+    assert [(c.drafter.name, r, c.sampling_round) for c, r in work] == [
+        ("none", 0, 0), ("a", 0, 0), ("none", 3, 0), ("none", 1, 1), ("a", 1, 1), ("none", 4, 1),
+        ("none", 2, 2), ("a", 2, 2), ("none", 5, 2)]
+    # one cell whatever its round: the same id, row and axes, the requests drawn anew
+    assert {c.cell_id for c, _ in work if c.is_plain} == {plain.cell_id}
+    first, second = (c for c, r in work if c.drafter.name == "a" and r < 2)
+    assert first.params() == second.params() and first.axes() == second.axes()
+    assert first.request_seed(0, 0) != second.request_seed(0, 0)
+
+
+def test_round_zero_keeps_the_seeds_of_runs_before_rounds_drew_their_own_and_rounds_never_share_one():
+    seeded = Cell(**{**cell().__dict__, "seed": 7})
+    assert seeded.request_seed(3, 1) == 7 * 1_000_003 + 3 * 1_009 + 1  # what the store's history was drawn with
+    seeds = {seeded.in_round(r).request_seed(s, t) for r in range(4) for s in range(200) for t in range(2)}
+    assert len(seeds) == 4 * 200 * 2 and all(0 <= x < 2**63 for x in seeds)
+
+
 def test_a_family_without_a_plain_cell_rotates_as_before():
     a, b, c = cell("a", 3), cell("b", 3), cell("c", 3)
     work = plan([a, b, c], 2)

@@ -181,7 +181,7 @@ def _rounds_run(tmp_path, name: str, seeds: tuple[int, ...]) -> tuple[Store, str
 
 
 def test_rounds_that_replay_one_another_count_once(tmp_path):
-    """Rounds reuse the suite's seeds, so a deterministic engine decodes the same conversations again: the card's
+    """Greedy rounds ignore their sampling seeds, so a deterministic engine decodes the same conversations again: the card's
     ratios are the same with or without the copy, its counts, α_k intervals and ECE floor are one round's."""
     from harness.gate.data import replayed_rounds
 
