@@ -70,8 +70,8 @@ class CardPreset:
     """The card suite: every draft at γ = block size, policy full, on the three tasks, in `rounds` paired rounds.
     Speed at concurrency 1 where the goals are stated (T = 0, `speed_tasks`); τ and ECE need no low load, so
     the other points (T = 0 on the other tasks, every task at T = 1) run at `sampled_concurrency`, which is
-    several times faster. 10 samples × 72 tokens give ≈ 11,500 distinct DSpark confidences at T = 1 over the three
-    tasks (8 gave 9,331: its 18,662 counted the second round, which replays the first step for step).
+    several times faster. 10 samples × 72 tokens × 2 rounds give ≈ 22,000 distinct DSpark confidences at T = 1 over
+    the three tasks (each round draws its own seeds, `Cell.request_seed`; one round gave 11,725).
     `sampled_drafters` run at T = 1: all of them in the committed card; the trained drafts alone (τ and ECE are
     theirs to measure) cut the card from 30 cells to 24 (28.7 min measured, build 66.6 min in all)."""
 
