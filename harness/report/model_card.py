@@ -416,8 +416,9 @@ def card_sections(rows: list[CardRow], pooled: PooledCalibration | None = None) 
         "τ = 1 + accepted ÷ drafting steps (harness.metrics.acceptance); interval: bootstrap over conversations.",
         "α_k: share of verified drafts at position k accepted (Wilson interval on the count that conversations are "
         "worth: `stats.clustered_wilson`).",
-        "Counts (drafting steps here, confidences below) are of distinct steps: rounds that replay the same seeds step "
-        "for step count once (`gate_data.replayed_rounds`).",
+        "Counts (drafting steps here, confidences below) are of distinct steps: each round of a T > 0 cell draws its own "
+        "seeds and adds samples; the rounds of a greedy cell replay one another step for step and count once "
+        "(`gate_data.replayed_rounds`).",
         "",
         "| task | T | backend | c | drafter | γ | policy | conversations | drafting steps | τ | α₁ | α₂ | α₃ | α_γ |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
