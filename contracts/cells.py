@@ -106,7 +106,7 @@ class Cell:
 
     def in_round(self, round_: int) -> Cell:
         """This cell as round `round_` measures it: the same requests, sampled from that round's seeds."""
-        return self if round_ == self.sampling_round else replace(self, sampling_round=round_)
+        return replace(self, sampling_round=round_)
 
     def request_seed(self, sample: int, turn: int) -> int:
         """The sampling seed of request (sample, turn), which every backend sends with the request.
@@ -117,10 +117,8 @@ class Cell:
         engine would otherwise replay it step for step). Greedy cells ignore it, and their rounds replay one
         another (`harness.gate.data.replayed_rounds` counts such copies once). Round 0 keeps the seeds that
         runs before rounds drew their own had, so its requests still pair with theirs."""
-        seed = self.seed * 1_000_003 + sample * 1_009 + turn
-        if self.sampling_round:
-            seed += self.sampling_round * 0x9E3779B97F4A7C15  # the golden-ratio step: rounds far apart
-        return seed % (2**63)
+        round_step = self.sampling_round * 0x9E3779B97F4A7C15  # the golden-ratio step: rounds far apart
+        return (self.seed * 1_000_003 + sample * 1_009 + turn + round_step) % (2**63)
 
     @property
     def is_synthetic(self) -> bool:

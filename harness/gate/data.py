@@ -251,10 +251,11 @@ def replayed_rounds(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, R
 
     Rounds send the same prompts so that their timings pair, and greedy decoding ignores the round's sampling
     seeds (`Cell.request_seed`): an engine that is deterministic then decodes the same conversations again, step
-    for step (so did every round of a sampled cell in runs before rounds drew their own seeds). Sums over rounds stay the same ratios (τ, α_k, ECE), but
-    counts over them do not: n identical rounds are n copies of one sample, not n samples, and a count, a
-    binomial interval or an ECE floor that took them for independent would be √n too sure. Compared on each
-    prompt's sequence of (verified, accepted) per step, over the window's succeeded requests."""
+    for step (so did every round of a sampled cell in runs before rounds drew their own seeds). Sums over rounds
+    stay the same ratios (τ, α_k, ECE), but counts over them do not: n identical rounds are n copies of one
+    sample, not n samples, and a count, a binomial interval or an ECE floor that took them for independent would
+    be √n too sure. Compared on each prompt's sequence of (verified, accepted) per step, over the window's
+    succeeded requests."""
     rows = conn.execute(
         f"""
         WITH ok AS ({_OK_REQUESTS}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,7 @@ def test_every_cell_of_a_round_samples_from_that_rounds_seeds_its_closing_plain_
 
 
 def test_round_zero_keeps_the_seeds_of_runs_before_rounds_drew_their_own_and_rounds_never_share_one():
-    seeded = Cell(**{**cell().__dict__, "seed": 7})
+    seeded = replace(cell(), seed=7)
     assert seeded.request_seed(3, 1) == 7 * 1_000_003 + 3 * 1_009 + 1  # what the store's history was drawn with
     seeds = {seeded.in_round(r).request_seed(s, t) for r in range(4) for s in range(200) for t in range(2)}
     assert len(seeds) == 4 * 200 * 2 and all(0 <= x < 2**63 for x in seeds)
