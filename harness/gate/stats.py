@@ -267,6 +267,13 @@ class EceTable:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.abs(weights @ self.gaps).sum(axis=1) / (weights @ self.counts)
 
+    def mean_gap(self, weights: np.ndarray) -> np.ndarray:
+        """Mean of a − y over the observed positions of the units weighted by `weights` [draws, units] → [draws]:
+        calibration in the large, signed (> 0: the confidences promise more acceptance than the verifier gives).
+        ECE cannot tell a level shift from scatter; this can, and |mean gap| ≤ ECE."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (weights @ self.gaps.sum(axis=1)) / (weights @ self.counts)
+
     def grouped(self, index: np.ndarray, group: np.ndarray, num_groups: int) -> EceTable:
         """Rows `index` summed into `num_groups` groups (`group[i]` receives row `index[i]`)."""
         gaps = np.zeros((num_groups, self.gaps.shape[1]))

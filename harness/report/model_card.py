@@ -17,6 +17,8 @@ Intervals (95%):
                                                    conversations; `n` = confidences observed
     ECE gain = raw − calibrated                    paired: both ECEs on the same bootstrap draw of conversations,
                                                    so the calibration claim is judged on its own interval
+    mean gap = mean(a_j − y_j) (raw | calibrated)  signed calibration in the large over the ECE's positions, same
+                                                   bootstrap: tells a level shift (|gap| ≈ ECE) from scatter
     ECE floor                                      E[ECE] of a perfectly calibrated predictor with these very
                                                    confidences: outcomes redrawn so P(y_j = 1) = a_j exactly
                                                    (sequential acceptance with P(accept j | j−1) = a_j / a_{j−1}),
@@ -132,16 +134,19 @@ class EceMeasure(NamedTuple):
     floor: float
     confidences: int
     table: EceTable
+    mean_gap: Interval  # mean of a − y, signed (`EceTable.mean_gap`), same bootstrap units
 
 
 def ece_with_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | None) -> EceMeasure:
-    """ECE with its bootstrap interval, its floor for these confidences, and the confidences observed."""
+    """ECE with its bootstrap interval, its floor for these confidences, the confidences observed, and their mean
+    gap a − y with its interval."""
     unit, num_units = _unit_index(cycles)
     table = ece_table(cycles.logits, cycles.num_verified, cycles.num_accepted, unit, num_units, temperatures)
     n = int(table.counts.sum())
     if n == 0:
-        return EceMeasure(Interval(None), float("nan"), 0, table)
-    return EceMeasure(_interval(table.ece, num_units), ece_floor(cycles, temperatures, unit, num_units), n, table)
+        return EceMeasure(Interval(None), float("nan"), 0, table, Interval(None))
+    return EceMeasure(_interval(table.ece, num_units), ece_floor(cycles, temperatures, unit, num_units), n, table,
+                      _interval(table.mean_gap, num_units))
 
 
 def ece_gain(raw: EceTable, calibrated: EceTable) -> Interval:
@@ -243,6 +248,8 @@ class CardRow:
     ece_floor_raw: float | None
     ece_floor_calibrated: float | None
     ece_gain: Interval  # raw − calibrated, paired over the same draws
+    mean_gap_raw: Interval  # mean a − y over the ECE's positions (> 0: overconfident)
+    mean_gap_calibrated: Interval
     confidences: int
     tokens_per_s: float | None
     speedup: Interval
@@ -273,16 +280,17 @@ def card_rows(conn, run_id: str) -> list[CardRow]:
         else:
             tau, conversations, drafting = Interval(None), 0, 0
         ece: dict[bool, tuple[Interval, float | None]] = {True: (Interval(None), None), False: (Interval(None), None)}
+        mean_gap = {True: Interval(None), False: Interval(None)}
         confidences = 0
         gain = Interval(None)
         cycles = _distinct_cycles(conn, run_id, cell.cell_id, replays)
         if cycles is not None:
             raw = ece_with_floor(cycles, None)
-            ece[False], confidences = (raw.ece, raw.floor), raw.confidences
+            ece[False], confidences, mean_gap[False] = (raw.ece, raw.floor), raw.confidences, raw.mean_gap
             temps = _temperatures(cell, cycles)
             if temps is not None:
                 cal = ece_with_floor(cycles, temps)
-                ece[True] = (cal.ece, cal.floor)
+                ece[True], mean_gap[True] = (cal.ece, cal.floor), cal.mean_gap
                 gain = ece_gain(raw.table, cal.table)
         tput = throughput.get(cell.cell_id, [])
         other = [key for key in plain_of if key[0] != a["backend"] and key[1:] == (a["task"], a["temperature"], a["concurrency"])]
@@ -293,7 +301,8 @@ def card_rows(conn, run_id: str) -> list[CardRow]:
             gamma=int(a["num_drafts"] or 0), policy=a["policy"], temperature=float(a["temperature"] or 0.0),
             concurrency=int(a["concurrency"] or 0), conversations=conversations, drafting_steps=drafting, tau=tau,
             positions=tuple(_positions(positions.get(cell.cell_id))), ece_raw=ece[False][0], ece_calibrated=ece[True][0],
-            ece_floor_raw=ece[False][1], ece_floor_calibrated=ece[True][1], ece_gain=gain, confidences=confidences,
+            ece_floor_raw=ece[False][1], ece_floor_calibrated=ece[True][1], ece_gain=gain,
+            mean_gap_raw=mean_gap[False], mean_gap_calibrated=mean_gap[True], confidences=confidences,
             tokens_per_s=float(np.mean(tput)) if tput else None, speedup=sp.get("speedup", Interval(None)),
             speedup_status=sp.get("status"), speedup_vs_other_plain=vs_other,
         ))
@@ -440,20 +449,26 @@ def card_sections(rows: list[CardRow], pooled: PooledCalibration | None = None) 
         "ECE is biased upwards by that noise, and resampling adds the bias again, so an ECE's bootstrap interval can",
         "lie wholly above its point: read it as conservative (the ≤ 2% goal is judged on it); in the paired gain the",
         "bias cancels.",
+        "Mean gap: the mean of a − y over the same positions, signed (> 0: the confidences promise more acceptance than",
+        "the verifier gives); |mean gap| ≤ ECE, and where the two are close the miscalibration is a level shift, not",
+        "scatter. A temperature moves each σ(c / T) away from ½ (T < 1) or towards it (T > 1): it lowers the confidences",
+        "on one side of ½ only by raising those on the other, so STS removes a level shift only where they sit on one side.",
         "",
-        "| task | T | backend | c | drafter | confidences | ECE raw | floor | ECE calibrated | floor | gain (paired) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| task | T | backend | c | drafter | confidences | ECE raw | floor | mean gap raw | ECE calibrated | floor "
+        "| mean gap calibrated | gain (paired) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if not r.confidences:
             continue
         lines.append(f"| {r.task} | {r.temperature:g} | {r.backend} | {r.concurrency} | {r.drafter} | {r.confidences:,} "
-                     f"| {r.ece_raw.text(3)} | {_num(r.ece_floor_raw)} | {r.ece_calibrated.text(3)} | {_num(r.ece_floor_calibrated)} "
-                     f"| {r.ece_gain.text(3)} |")
+                     f"| {r.ece_raw.text(3)} | {_num(r.ece_floor_raw)} | {r.mean_gap_raw.text(3)} | {r.ece_calibrated.text(3)} "
+                     f"| {_num(r.ece_floor_calibrated)} | {r.mean_gap_calibrated.text(3)} | {r.ece_gain.text(3)} |")
     if pooled is not None:
         lines.append(f"| {' + '.join(pooled.tasks)} (pooled) | {pooled.temperature:g} | | | dspark | "
                      f"{pooled.raw.confidences:,} | {pooled.raw.ece.text(3)} | {_num(pooled.raw.floor)} "
-                     f"| {pooled.calibrated.ece.text(3)} | {_num(pooled.calibrated.floor)} | {pooled.gain.text(3)} |")
+                     f"| {pooled.raw.mean_gap.text(3)} | {pooled.calibrated.ece.text(3)} | {_num(pooled.calibrated.floor)} "
+                     f"| {pooled.calibrated.mean_gap.text(3)} | {pooled.gain.text(3)} |")
         lines += ["", f"Pooled: one ECE over the {pooled.cells} cells' confidences together (each cell's own STS "
                   "temperatures, conversations resampled across them), not a mean of their ECEs."]
     lines += [
@@ -498,5 +513,6 @@ def card_json(rows: list[CardRow], pooled: PooledCalibration | None = None) -> s
         "temperature": pooled.temperature, "tasks": list(pooled.tasks), "cells": pooled.cells,
         "confidences": pooled.raw.confidences, "ece_raw": plain(pooled.raw.ece), "ece_floor_raw": pooled.raw.floor,
         "ece_calibrated": plain(pooled.calibrated.ece), "ece_floor_calibrated": pooled.calibrated.floor,
-        "ece_gain": plain(pooled.gain)}
+        "ece_gain": plain(pooled.gain), "mean_gap_raw": plain(pooled.raw.mean_gap),
+        "mean_gap_calibrated": plain(pooled.calibrated.mean_gap)}
     return json.dumps({"cells": cells, "pooled_calibration": calibration}, indent=1)

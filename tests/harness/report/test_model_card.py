@@ -10,8 +10,8 @@ import pytest
 
 from harness.gate.data import ConfidenceCycles, confidence_cycles
 from harness.gate.stats import ece_table
-from harness.report.model_card import (ZERO, Interval, card_json, card_rows, card_sections, ece_floor, ece_gain, pooled_calibration,
-                                       relations)
+from harness.report.model_card import (ZERO, Interval, card_json, card_rows, card_sections, ece_floor, ece_gain,
+                                       ece_with_floor, pooled_calibration, relations)
 from harness.store import Store
 from report_fixtures import make_cell, make_result, record_run
 
@@ -80,6 +80,25 @@ def test_a_calibrated_predictor_sits_at_its_floor_and_a_miscalibrated_one_far_ab
     never = np.zeros(n, dtype=np.int64)  # nothing ever accepted: confidences far above outcomes
     ece_bad = float(ece_table(logits, np.full(n, gamma), never, unit, n).ece(np.ones((1, n)))[0])
     assert ece_bad > 5 * floor
+
+
+def test_the_mean_gap_tells_a_level_shift_from_scatter():
+    """Outcomes accepted with probability 0.7·σ(c) at every position: every confidence promises too much, so the
+    mean gap a − y is positive beyond its interval and carries most of the ECE; outcomes drawn from the confidences
+    themselves leave a gap whose interval holds 0, though their ECE (the floor's noise) does not vanish."""
+    rng = np.random.default_rng(11)
+    n, gamma = 600, 4
+    logits = rng.normal(0.0, 1.5, size=(n, gamma))
+    conditional = 1 / (1 + np.exp(-logits))
+    u = rng.random((n, gamma))
+    shifted = np.cumprod(u < 0.7 * conditional, axis=1).sum(axis=1)
+    faithful = np.cumprod(u < conditional, axis=1).sum(axis=1)
+    over, fair = ece_with_floor(_cycles(logits, shifted), None), ece_with_floor(_cycles(logits, faithful), None)
+    assert over.mean_gap.low > 0.03 and over.mean_gap.value > 0.6 * over.ece.value
+    assert fair.mean_gap.low < 0 < fair.mean_gap.high and fair.ece.value > 0
+    survival = np.cumprod(conditional, axis=1)
+    direct = np.mean([survival[i, j] - (shifted[i] > j) for i in range(n) for j in range(gamma)])
+    assert over.mean_gap.value == pytest.approx(direct)
 
 
 def test_the_calibration_claim_is_judged_on_the_paired_gain():
@@ -158,6 +177,8 @@ def test_the_ece_goal_is_judged_on_one_ece_over_every_task_pooled(tmp_path):
     assert [c["cell_id"] for c in card["cells"]] == [r.cell_id for r in rows]
     assert card["pooled_calibration"]["tasks"] == ["gsm8k", "mt_bench"]
     assert card["pooled_calibration"]["ece_raw"]["value"] == pytest.approx(pooled.raw.ece.value)
+    assert card["pooled_calibration"]["mean_gap_raw"]["value"] == pytest.approx(pooled.raw.mean_gap.value)
+    assert {"mean_gap_raw", "mean_gap_calibrated"} <= set(card["cells"][0])
     assert json.loads(card_json(rows))["pooled_calibration"] is None
 
 
