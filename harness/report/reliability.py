@@ -39,6 +39,13 @@ def ece(bins: Sequence[Bin]) -> float | None:
     return sum(abs(b.confidence_sum - b.outcome_sum) for b in bins) / total if total else None
 
 
+def mean_gap(bins: Sequence[Bin]) -> float | None:
+    """Σ(Σ pred − Σ real) / Σ count over these bins: `EceTable.mean_gap`, signed (> 0: overconfident). Where it
+    is close to the ECE the miscalibration is a level shift, which a temperature per position barely moves."""
+    total = sum(b.count for b in bins)
+    return sum(b.confidence_sum - b.outcome_sum for b in bins) / total if total else None
+
+
 ECE_DRAWS = 2000  # bootstrap draws of `ece_interval`
 
 

@@ -186,6 +186,7 @@ def calibration_section(data: RunData, out: Path) -> Section:
         table_rows.append((
             drafter, reliability.ece(kinds.get("raw", [])), _interval(intervals["raw"]),
             reliability.ece(kinds.get("calibrated", [])), _interval(intervals["calibrated"]),
+            *(reliability.mean_gap(kinds.get(kind, [])) for kind in ("raw", "calibrated")),
             sum(b.count for b in kinds.get("raw", [])),
             *(", ".join(f"k{j} {fmt(e)}" for j, (e, _) in per_position.get(kind, {}).items())
               for kind in ("raw", "calibrated")),
@@ -194,7 +195,8 @@ def calibration_section(data: RunData, out: Path) -> Section:
         image(reliability.save(reliability.figure(panels), out / "calibration.png").name,
               "reliability diagrams per draft position, raw and calibrated confidences, per drafter, "
               "with per-bin counts"),
-        table(["drafter", "ECE raw", "95% CI", "ECE calibrated", "95% CI", "observed draft positions",
+        table(["drafter", "ECE raw", "95% CI", "ECE calibrated", "95% CI", "mean gap raw", "mean gap calibrated",
+               "observed draft positions",
                "ece_position_raw", "ece_position_calibrated"], table_rows),
         note("ECE = Σ|Σ confidence − Σ outcome| / Σ count over the bins of every draft position, each position "
              "binned on its own: the metric ece_raw / ece_calibrated of the summary and the gate, here over the "
@@ -203,6 +205,9 @@ def calibration_section(data: RunData, out: Path) -> Section:
              "accuracy), basic interval, which removes the absolute value's upward bias once, so it may lie below the "
              "ECE shown, which carries that bias; bins as independent; "
              "reliability.ece_interval has its measured coverage). "
+             "Mean gap: Σ(confidence − outcome) / Σ count over the same bins, signed (> 0: the confidences promise "
+             "more acceptance than the verifier gives); close to the ECE, the miscalibration is a level shift, which "
+             "one temperature per position barely moves. "
              "Points: observed survival with its 95% Wilson interval; bars: the cycles in each bin."),
     ]
     if missing:

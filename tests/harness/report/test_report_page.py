@@ -8,6 +8,8 @@ import re
 import numpy as np
 import pytest
 
+from harness.gate import data as gate_data
+from harness.gate.stats import ece_table
 from harness.report import report_command
 from harness.report.data import load_run
 from harness.store import Store
@@ -106,6 +108,8 @@ def test_one_ece_in_summary_diagram_and_view(tmp_path):
         run_id = record_run(store, [(make_cell("dspark", 4), make_result(3, gamma=4, confidences=True), None)])
         data = load_run(store, run_id)
         _, view = store.query("SELECT kind, ece FROM v_ece WHERE run_id = ?", [run_id])
+        (cell_id,) = store.con.execute("SELECT cell_id FROM cells WHERE run_id = ?", [run_id]).fetchone()
+        cycles = gate_data.confidence_cycles(store.con, run_id, cell_id)
     (summary,) = data.summary
     section = calibration_section(data, tmp_path)
     assert (tmp_path / "calibration.png").read_bytes()[:8] == PNG
@@ -115,13 +119,19 @@ def test_one_ece_in_summary_diagram_and_view(tmp_path):
         assert f">{stored:.4g}<" in section.body
     assert {r["position"] for r in data.calibration} == {1, 2, 3, 4}
     assert "ece_position_raw" in section.body and "Wilson" in section.body
-    from harness.report.reliability import Bin, ece_interval
+    from harness.report.reliability import Bin, ece, ece_interval, mean_gap
 
     for kind, _value in view:  # each ECE of the table with its interval beside it
         bins = [Bin(r["position"], r["bin"], r["lower"], r["upper"], r["count"], r["confidence_sum"], r["outcome_sum"])
                 for r in data.calibration if r["kind"] == kind and r["count"]]
         low, high = ece_interval(bins)
         assert 0 <= low < high < 1 and f"[{low:.3g}, {high:.3g}]" in section.body
+        gap = mean_gap(bins)  # signed, never more than the ECE, printed beside it
+        assert gap is not None and abs(gap) <= ece(bins) + 1e-12 and f">{gap:.4g}<" in section.body
+        if kind == "raw":  # the card's mean gap (EceTable.mean_gap over the gate's cycles) is the same number
+            table = ece_table(cycles.logits, cycles.num_verified, cycles.num_accepted,
+                              np.zeros(len(cycles.num_verified), dtype=np.int64), 1)
+            assert gap == pytest.approx(float(table.mean_gap(np.ones((1, 1)))[0]), abs=1e-12)
     assert "binomial bootstrap over the bins" in section.body
 
 
