@@ -257,6 +257,13 @@ class CardRow:
     speedup_vs_other_plain: Interval  # against the other engine's plain cell of the same point, when run
 
 
+def _measured(measure: EceMeasure | None) -> tuple[Interval, float | None, Interval]:
+    """(ECE, floor, mean gap) of a card row; empty for confidences not measured (no head, or no STS)."""
+    if measure is None:
+        return Interval(None), None, Interval(None)
+    return measure.ece, measure.floor, measure.mean_gap
+
+
 def card_rows(conn, run_id: str) -> list[CardRow]:
     cells = gate_data.cells(conn, run_id)
     replays = gate_data.replayed_rounds(conn, run_id)
@@ -279,19 +286,18 @@ def card_rows(conn, run_id: str) -> list[CardRow]:
             tau, conversations, drafting = tau_interval(steps[cell.cell_id])
         else:
             tau, conversations, drafting = Interval(None), 0, 0
-        ece: dict[bool, tuple[Interval, float | None]] = {True: (Interval(None), None), False: (Interval(None), None)}
-        mean_gap = {True: Interval(None), False: Interval(None)}
-        confidences = 0
+        raw: EceMeasure | None = None
+        cal: EceMeasure | None = None
         gain = Interval(None)
         cycles = _distinct_cycles(conn, run_id, cell.cell_id, replays)
         if cycles is not None:
             raw = ece_with_floor(cycles, None)
-            ece[False], confidences, mean_gap[False] = (raw.ece, raw.floor), raw.confidences, raw.mean_gap
             temps = _temperatures(cell, cycles)
             if temps is not None:
                 cal = ece_with_floor(cycles, temps)
-                ece[True], mean_gap[True] = (cal.ece, cal.floor), cal.mean_gap
                 gain = ece_gain(raw.table, cal.table)
+        ece_raw, floor_raw, gap_raw = _measured(raw)
+        ece_cal, floor_cal, gap_cal = _measured(cal)
         tput = throughput.get(cell.cell_id, [])
         other = [key for key in plain_of if key[0] != a["backend"] and key[1:] == (a["task"], a["temperature"], a["concurrency"])]
         vs_other = _against(tput, throughput.get(plain_of[other[0]], [])) if other and not cell.is_plain else Interval(None)
@@ -300,9 +306,9 @@ def card_rows(conn, run_id: str) -> list[CardRow]:
             cell_id=cell.cell_id, backend=a["backend"], task=a["task"], drafter=a["drafter"], method=a["method"],
             gamma=int(a["num_drafts"] or 0), policy=a["policy"], temperature=float(a["temperature"] or 0.0),
             concurrency=int(a["concurrency"] or 0), conversations=conversations, drafting_steps=drafting, tau=tau,
-            positions=tuple(_positions(positions.get(cell.cell_id))), ece_raw=ece[False][0], ece_calibrated=ece[True][0],
-            ece_floor_raw=ece[False][1], ece_floor_calibrated=ece[True][1], ece_gain=gain,
-            mean_gap_raw=mean_gap[False], mean_gap_calibrated=mean_gap[True], confidences=confidences,
+            positions=tuple(_positions(positions.get(cell.cell_id))), ece_raw=ece_raw, ece_calibrated=ece_cal,
+            ece_floor_raw=floor_raw, ece_floor_calibrated=floor_cal, ece_gain=gain, mean_gap_raw=gap_raw,
+            mean_gap_calibrated=gap_cal, confidences=raw.confidences if raw is not None else 0,
             tokens_per_s=float(np.mean(tput)) if tput else None, speedup=sp.get("speedup", Interval(None)),
             speedup_status=sp.get("status"), speedup_vs_other_plain=vs_other,
         ))
