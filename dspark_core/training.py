@@ -18,8 +18,9 @@ position i−j+s for s = 1 … j: exactly the keys the drafter has when it draft
 anchor i−j. Loss: CE on the true
 next token, step j weighted exp(−j/decay), anchors (i−j) in the answer region: every one, or
 `eagle3_anchors_per_sequence` random ones per sequence, which sets the same budget in supervised
-positions as DSpark's blocks (the LM head over 49 k words at every position and step is most of an
-Eagle3 step's cost, so this also equalises wall clock roughly). Simplification: the unroll feeds true
+positions as DSpark's blocks. With sampled anchors only step 0 runs over the whole sequence (its keys
+are the context); steps ≥ 1 run one query per anchor (`eagle3_chain_hidden`), the same outputs as the
+full unroll at those positions for a fraction of its cost. Simplification: the unroll feeds true
 tokens (not sampled ones) and stops at `eagle3_unroll_steps`, not γ.
 
 Embeddings and LM head: the caller copies and freezes them before training
@@ -239,6 +240,36 @@ def eagle3_unroll_hidden(model: Eagle3Model, token_ids: Tensor, features: Tensor
     return torch.stack(hidden, dim=2)
 
 
+def eagle3_chain_hidden(model: Eagle3Model, token_ids: Tensor, features: Tensor, anchors: Tensor, num_steps: int) -> Tensor:
+    """token_ids [S, T], features [S, T, F], anchors [S, M] → pre-norm outputs [S, M, num_steps, hidden]:
+    `eagle3_unroll_hidden` at (position a + j, step j) for each anchor a, computing steps ≥ 1 only there.
+
+    Step 0 (teacher forcing) runs over every position: its keys are every chain's context. Each later
+    step runs M queries, one per anchor's chain, attending to step-0 keys ≤ a and to its own chain's
+    earlier steps, the same keys as the full unroll's. A sampled-anchor batch (56 of ≈ 280 positions)
+    so costs one full pass plus small ones, not `num_steps` full passes. Positions past T − 1 are
+    clamped; the caller masks them out of the loss."""
+    S, T = token_ids.shape
+    M = anchors.shape[1]
+    device = token_ids.device
+    rows = torch.arange(S, device=device)[:, None]
+    positions = torch.arange(T, device=device)[None, :].expand(S, -1)
+    zero = features.new_zeros(S, 1, model.config.hidden_size, dtype=model.fc.weight.dtype)
+    prev = torch.cat([zero, model.fuse(features)[:, :-1]], dim=1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()[None].expand(S, -1, -1)
+    x, past = model.decode(token_ids, prev, positions, None, causal)
+    out = [x[rows, anchors]]  # step 0 at a predicts a + 1
+    context = torch.arange(T, device=device)[None, None, :] <= anchors[:, :, None]  # [S, M, T]: step-0 keys ≤ a
+    own = torch.eye(M, dtype=torch.bool, device=device)[None].expand(S, -1, -1)  # each chain sees its own key only
+    for j in range(1, num_steps):
+        at = (anchors + j).clamp(max=T - 1)
+        mask = torch.cat([context] + [own] * j, dim=2)  # [S, M, T + j·M]
+        x, new_kv = model.decode(token_ids[rows, at], out[-1], at, past, mask)
+        past = [(torch.cat([pk, nk], dim=2), torch.cat([pv, nv], dim=2)) for (pk, pv), (nk, nv) in zip(past, new_kv)]
+        out.append(x)
+    return torch.stack(out, dim=2)
+
+
 def eagle3_unroll_forward(model: Eagle3Model, token_ids: Tensor, features: Tensor, num_steps: int) -> Tensor:
     """token_ids [S, T], features [S, T, F] → logits [S, T, num_steps, V] (see `eagle3_unroll_hidden`)."""
     return model.logits(eagle3_unroll_hidden(model, token_ids, features, num_steps))
@@ -258,9 +289,10 @@ def eagle3_loss(
     for i, seq in enumerate(sequences):
         tokens[i, : seq.num_tokens], features[i, : seq.num_tokens] = seq.token_ids, seq.features
         target_logits[i, : seq.num_tokens] = seq.logits
-    hidden = eagle3_unroll_hidden(model, tokens.to(device), features.to(device), J)  # [S, T, J, H]
     j = torch.arange(J)
+    rows = torch.arange(S)[:, None, None]
     if config.eagle3_anchors_per_sequence is None:  # every position i at every step j (anchor i − j)
+        unrolled: Tensor | None = eagle3_unroll_hidden(model, tokens.to(device), features.to(device), J)  # [S, T, J, H]
         pos = torch.arange(T)[None, :, None].expand(S, T, J)
         real = (pos - j >= prompt_lens[:, None, None])
     else:  # the steps after sampled anchors a: position a + j at step j
@@ -271,12 +303,14 @@ def eagle3_loss(
         anchor_real = torch.zeros(S, M, dtype=torch.bool)
         for i, a in enumerate(anchors):
             anchor_pos[i, : len(a)], anchor_real[i, : len(a)] = a, True
+        unrolled = None
+        chains = eagle3_chain_hidden(model, tokens.to(device), features.to(device), anchor_pos.to(device), J)  # [S, M, J, H]
         pos = anchor_pos[:, :, None] + j  # [S, M, J]
         real = anchor_real[:, :, None].expand(S, M, J)
     valid = real & (pos + 1 < lengths[:, None, None])  # a label after the position
     at = pos.clamp(max=T - 1)
-    rows = torch.arange(S)[:, None, None]
-    logits = model.logits(hidden[rows.to(device), at.to(device), j.to(device)])  # [S, N, J, V]
+    hidden = chains if unrolled is None else unrolled[rows.to(device), at.to(device), j.to(device)]  # [S, N, J, H]
+    logits = model.logits(hidden)
     labels = tokens[rows, (at + 1).clamp(max=T - 1)]  # token i+1
     tl = target_logits[rows, at]
     N, V = at.shape[1], logits.shape[-1]

@@ -15,7 +15,9 @@ from dspark_core.training import (
     draft_vocab_sequences,
     dspark_block_forward,
     eagle3_loss,
+    eagle3_chain_hidden,
     eagle3_unroll_forward,
+    eagle3_unroll_hidden,
     eagle3_unroll_mask,
     evaluate_draft,
     lr_at,
@@ -195,6 +197,32 @@ def test_eagle3_unroll_equals_drafter():
         logits = eagle3_unroll_forward(model, fed.token_ids[None], fed.features[None], J)  # [1, T, J, V]
     for j in range(J):
         assert torch.allclose(torch.softmax(logits[0, anchor + j, j], -1), proposal.draft_probs[0, j], atol=1e-5)
+
+
+@pytest.mark.parametrize("num_steps", [1, 2, 3])
+def test_eagle3_chains_are_the_full_unroll_at_their_anchors(num_steps):
+    """Steps ≥ 1 computed only after sampled anchors (one query per chain) give the full unroll's outputs at
+    (a + j, step j), anchors near the end included (their clamped positions only have to stay finite)."""
+    model = new_draft("eagle3", "none", seed=4)
+    seqs = toy_cache().sequences[:2]
+    T = max(s.num_tokens for s in seqs)
+    tokens = torch.zeros(2, T, dtype=torch.long)
+    features = torch.zeros(2, T, seqs[0].features.shape[-1])
+    for i, seq in enumerate(seqs):
+        tokens[i, : seq.num_tokens], features[i, : seq.num_tokens] = seq.token_ids, seq.features.float()
+    anchors = torch.tensor([[seqs[0].prompt_len, seqs[0].prompt_len + 3, T - 2], [seqs[1].prompt_len + 1, T - 5, T - 1]])
+    with torch.no_grad():
+        full = eagle3_unroll_hidden(model, tokens, features, num_steps)  # [S, T, J, H]
+        chains = eagle3_chain_hidden(model, tokens, features, anchors, num_steps)  # [S, M, J, H]
+    assert chains.shape == (2, 3, num_steps, full.shape[-1]) and torch.isfinite(chains).all()
+    checked = 0
+    for i in range(2):
+        for m, a in enumerate(anchors[i].tolist()):
+            for j in range(num_steps):
+                if a + j < T:
+                    assert torch.allclose(chains[i, m, j], full[i, a + j, j], atol=1e-5), (i, a, j)
+                    checked += 1
+    assert checked >= 6 * num_steps - 3
 
 
 def test_eagle3_loss_over_sampled_anchors_is_the_full_loss_at_those_positions():
