@@ -46,6 +46,9 @@ class DraftLoss:
     bce: float  # weighted-mean BCE of the confidence head against α (nan without confidences)
     acceptance: float  # weighted-mean α: expected T=1 acceptance of a position whose prefix was accepted
     num_positions: int  # valid (block, position) pairs
+    # weighted-mean σ(c_k) with α's weights (nan without confidences): the head's promise beside `acceptance`,
+    # so on held-out sequences confidence − acceptance is the level shift no temperature per position removes
+    confidence: float = float("nan")
 
 
 def position_weights(num_positions: int, decay: float, device: torch.device | str = "cpu") -> Tensor:
@@ -89,7 +92,7 @@ def draft_loss(
     ce_mean = (ce * w_ce).sum() / w_ce.sum().clamp(min=1e-12)
     total = weights.ce * ce_mean
     nan = float("nan")
-    l1_mean = bce_mean = acc_mean = None
+    l1_mean = bce_mean = acc_mean = conf_mean = None
     if target_logits is not None:
         target_probs = target_logits.float().exp() if target_log_probs else torch.softmax(target_logits.float(), -1)
         l1, alpha = acceptance_probability(torch.softmax(logits, -1), target_probs, partial=target_log_probs)
@@ -99,6 +102,7 @@ def draft_loss(
         if confidence_logits is not None:
             bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), alpha.detach(), reduction="none")
             bce_mean = wmean(bce)
+            conf_mean = wmean(torch.sigmoid(confidence_logits.detach().float()))
             if weights.bce:
                 total = total + weights.bce * bce_mean
     elif weights.l1 or (weights.bce and confidence_logits is not None):
@@ -110,4 +114,5 @@ def draft_loss(
         bce=float(bce_mean.detach()) if bce_mean is not None else nan,
         acceptance=float(acc_mean) if acc_mean is not None else nan,
         num_positions=int(valid.sum()),
+        confidence=float(conf_mean) if conf_mean is not None else nan,
     )

@@ -440,4 +440,5 @@ def evaluate_draft(cache: TargetCache, model: TargetFedDraft, config: TrainConfi
         total=torch.tensor(avg([float(loss.total) for loss in losses])),
         ce=avg([loss.ce for loss in losses]), l1=avg([loss.l1 for loss in losses]),
         bce=avg([loss.bce for loss in losses]), acceptance=avg([loss.acceptance for loss in losses]), num_positions=n,
+        confidence=avg([loss.confidence for loss in losses]),
     )

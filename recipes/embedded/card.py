@@ -77,18 +77,29 @@ def write_model_card(root: str | Path) -> Path:
 
 
 def drafts_table(drafts: list[dict]) -> list[str]:
-    """The card's "Drafts" section from the build's DraftReports (asdict), any target."""
+    """The card's "Drafts" section from the build's DraftReports (asdict), any target. The held-out σ(c)
+    column appears once a build records it (records from before it render as they did)."""
+    promised = any(d.get("heldout_confidence") is not None for d in drafts)
+    extra_head, extra_rule = (" held-out σ(c) |", "---|") if promised else ("", "")
     lines = [
         "## Drafts",
         "",
-        "| draft | method | head | trainable params | train s | loss first → last | held-out loss | held-out α | STS temperatures |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| draft | method | head | trainable params | train s | loss first → last | held-out loss | held-out α |{extra_head} "
+        "STS temperatures |",
+        f"|---|---|---|---|---|---|---|---|{extra_rule}---|",
     ]
     for d in drafts:
         temps = "; ".join(f"T={k}: " + ", ".join(f"{t:.2f}" for t in v)
                           for k, v in (d["sts_temperatures"] or {}).items()) or "–"
+        confidence = d.get("heldout_confidence")
+        extra = (" –" if confidence is None else f" {confidence:.3f}") + " |" if promised else ""
         lines.append(f"| {d['name']} | {d['method']} | {d['head']} | {d['num_params_trainable']:,} | {d['train_seconds']:.0f} "
-                     f"| {d['loss_first']:.3f} → {d['loss_last']:.3f} | {d['heldout_loss']:.3f} | {d['heldout_acceptance']:.3f} | {temps} |")
+                     f"| {d['loss_first']:.3f} → {d['loss_last']:.3f} | {d['heldout_loss']:.3f} | {d['heldout_acceptance']:.3f} |"
+                     f"{extra} {temps} |")
+    if promised:
+        lines += ["", "Held-out σ(c): the confidence head's mean σ(c_k) over the held-out answers, weighted as held-out α "
+                  "is. Above α, the head promises more acceptance than the draft gives on answers it was not trained on: "
+                  "a level shift, which the STS temperatures barely move."]
     return lines
 
 

@@ -10,6 +10,8 @@ held-out prompts (the corpus' validation split), sampled at T = 1 where acceptan
 
 from __future__ import annotations
 
+import math
+
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -101,6 +103,9 @@ class DraftReport:
     sts_temperatures: dict[str, list[float]] | None = None  # decoding temperature ("0", "1") → one per position
     draft_vocab_size: int | None = None  # None: the target's whole vocabulary
     draft_vocab_coverage: float | None = None  # share of held-out answer tokens inside the draft vocabulary
+    # mean σ(c) of the confidence head on the held-out sequences, weighted as held-out α is: above α, the head
+    # promises more than the draft delivers on answers it has not fit (None: no head, or a record from before)
+    heldout_confidence: float | None = None
 
 
 def chat_prompt(tokenizer, user: str) -> list[int]:
@@ -319,13 +324,15 @@ def build_drafts(inputs: DraftInputs, out_dir: str | Path, *, log: Callable[[str
             train_seconds=result.seconds, loss_first=result.losses[0], loss_last=result.losses[-1],
             heldout_loss=float(held.total), heldout_acceptance=float(held.acceptance), sts_temperatures=temps,
             draft_vocab_size=p.draft_vocab_size, draft_vocab_coverage=trained.vocab_coverage,
+            heldout_confidence=None if math.isnan(held.confidence) else held.confidence,
         )
         # bf16 on disk and no embeddings (shared with the target): the committed build stays small.
         save_draft(model, Path(out_dir) / d.name, dtype=torch.bfloat16, share_target_embeddings=True,
                    extra={"sts_temperatures": temps, "training": asdict(report),
                           "train_config": _jsonable(asdict(train_cfg))})
-        log(f"{d.name}: loss {report.loss_first:.3f} → {report.loss_last:.3f}, held-out α {report.heldout_acceptance:.3f}, "
-            f"{report.train_seconds:.0f} s")
+        promised = "" if report.heldout_confidence is None else f" (confidence head: {report.heldout_confidence:.3f})"
+        log(f"{d.name}: loss {report.loss_first:.3f} → {report.loss_last:.3f}, held-out α {report.heldout_acceptance:.3f}"
+            f"{promised}, {report.train_seconds:.0f} s")
         reports.append(report)
     return reports
 

@@ -23,7 +23,7 @@ def _numpy_loss(logits, target_logits, labels, conf, valid, decay, weights):
     """Independent reference: explicit loops over blocks and positions, float64 numpy."""
     lg, tl, lb, cf, vd = (x.numpy() for x in (logits, target_logits, labels, conf, valid))
     num_blocks, num_pos, _ = lg.shape
-    sums = {"ce": 0.0, "l1": 0.0, "bce": 0.0, "alpha": 0.0}
+    sums = {"ce": 0.0, "l1": 0.0, "bce": 0.0, "alpha": 0.0, "confidence": 0.0}
     w_total = 0.0
     for n in range(num_blocks):
         for k in range(num_pos):
@@ -41,6 +41,7 @@ def _numpy_loss(logits, target_logits, labels, conf, valid, decay, weights):
             sums["l1"] += w * l1
             sums["bce"] += w * -(alpha * math.log(s) + (1 - alpha) * math.log(1 - s))
             sums["alpha"] += w * alpha
+            sums["confidence"] += w * s
             w_total += w
     means = {name: v / w_total for name, v in sums.items()}
     means["total"] = weights.ce * means["ce"] + weights.l1 * means["l1"] + weights.bce * means["bce"]
@@ -57,6 +58,7 @@ def test_loss_matches_hand_computation(decay):
     assert out.l1 == pytest.approx(ref["l1"], rel=1e-6)
     assert out.bce == pytest.approx(ref["bce"], rel=1e-6)
     assert out.acceptance == pytest.approx(ref["alpha"], rel=1e-6)
+    assert out.confidence == pytest.approx(ref["confidence"], rel=1e-6)  # the head's promise, weighted as α is
     assert float(out.total) == pytest.approx(ref["total"], rel=1e-6)
     assert out.num_positions == 5
 
@@ -83,6 +85,7 @@ def test_ce_only_and_identical_distributions():
     out = draft_loss(logits, labels, valid, target_logits, None, weights=CE_ONLY)
     assert float(out.total) == pytest.approx(out.ce, rel=1e-12)
     assert math.isnan(out.bce) and not math.isnan(out.l1)  # L1/α still logged
+    assert math.isnan(out.confidence)  # no confidence head, no promise
     ce_alone = draft_loss(logits, labels, valid, weights=CE_ONLY)
     assert math.isnan(ce_alone.l1) and float(ce_alone.total) == pytest.approx(out.ce)
     with pytest.raises(ValueError, match="target's logits"):

@@ -80,6 +80,8 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
         assert model.config.draft_vocab_size == PRESETS["reduced"].drafts.draft_vocab_size
     dspark = json.loads((out / "drafts" / "dspark" / "draft_config.json").read_text())
     assert dspark["extra"]["sts_temperatures"]  # fitted per decoding temperature
+    promised = {d["name"]: d["heldout_confidence"] for d in summary["drafts"]}
+    assert 0.0 < promised["dspark"] < 1.0 and promised["dflash"] is None and promised["eagle3"] is None
     card = json.loads((out / "card.json").read_text())  # measured by the card suite's harness run
     pooled, rows = card["pooled_calibration"], card["cells"]
     assert (pooled["temperature"], pooled["tasks"]) == (1.0, ["gsm8k"]) and pooled["confidences"] > 0
@@ -88,6 +90,7 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
     assert all(r["tau"]["value"] is not None for r in rows if r["drafter"] in ("dspark", "dflash", "eagle3"))
     card = (out / "MODEL_CARD.md").read_text()
     assert "## The paper's relations" in card and summary["card_run"] in card
+    assert f"| {promised['dspark']:.3f} |" in card.split("## Drafts")[1]  # held-out σ(c) beside held-out α
     assert (out / "card.yaml").exists()
 
     # The card measured again on these drafts (recipes.real.card): the trained drafts' greedy τ is the same walk.
