@@ -11,7 +11,6 @@ held-out prompts (the corpus' validation split), sampled at T = 1 where acceptan
 from __future__ import annotations
 
 import math
-
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
