@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import random
 import time
 from dataclasses import dataclass, replace
@@ -52,6 +53,7 @@ class AblationRow:
     heldout_acceptance: float
     train_seconds: float
     seed: int
+    heldout_confidence: float | None = None  # DSpark's confidence head: its held-out mean σ(c), beside held-out α
 
 
 def parse_vocab(value: str) -> int | None:
@@ -107,7 +109,8 @@ def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None],
                 trained = train_one(data, specs[name], replace(p.drafts.train, steps=n, seed=seed), vocab)
                 row = AblationRow(name, vocab, n, num_layers, rank, count, trained.vocab_coverage,
                                   float(trained.heldout.total), trained.heldout.ce, trained.heldout.acceptance,
-                                  time.perf_counter() - start, seed)
+                                  time.perf_counter() - start, seed,
+                                  None if math.isnan(trained.heldout.confidence) else trained.heldout.confidence)
                 rows.append(row)
                 log(format_row(row))
                 with (out / "ablation.jsonl").open("a") as f:
@@ -124,15 +127,17 @@ def training_subset(cache: TargetCache, count: int, seed: int) -> TargetCache:
     return replace(cache, sequences=[cache.sequences[i] for i in keep])
 
 
-HEADER = ("| draft | vocab | steps | layers | rank | sequences | coverage | held-out loss | held-out CE | held-out α | train s |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| draft | vocab | steps | layers | rank | sequences | coverage | held-out loss | held-out CE | held-out α "
+          "| held-out σ(c) | train s |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def format_row(r: AblationRow) -> str:
     coverage = "1" if r.vocab_coverage is None else f"{r.vocab_coverage:.3f}"
+    promised = "–" if r.heldout_confidence is None else f"{r.heldout_confidence:.3f}"
     return (f"| {r.method} | {r.draft_vocab_size or 'full'} | {r.steps} | {r.num_layers} | {r.markov_rank} | "
             f"{r.train_sequences} | {coverage} | "
-            f"{r.heldout_loss:.3f} | {r.heldout_ce:.3f} | {r.heldout_acceptance:.3f} | {r.train_seconds:.0f} |")
+            f"{r.heldout_loss:.3f} | {r.heldout_ce:.3f} | {r.heldout_acceptance:.3f} | {promised} | {r.train_seconds:.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -123,6 +123,7 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
         torch.set_num_threads(threads)
     built = next(d for d in summary["drafts"] if d["name"] == "dspark")
     assert rows[0].heldout_acceptance == pytest.approx(built["heldout_acceptance"], abs=1e-6)
+    assert rows[0].heldout_confidence == pytest.approx(built["heldout_confidence"], abs=1e-6)
     assert rows[0].vocab_coverage == pytest.approx(built["draft_vocab_coverage"])
     assert rows[1].vocab_coverage <= rows[0].vocab_coverage and rows[1].heldout_ce != pytest.approx(rows[0].heldout_ce)
     assert (rows[0].num_layers, rows[0].markov_rank) == (1, 32)  # the build's shape
