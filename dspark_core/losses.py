@@ -47,7 +47,7 @@ class DraftLoss:
     acceptance: float  # weighted-mean α: expected T=1 acceptance of a position whose prefix was accepted
     num_positions: int  # valid (block, position) pairs
     # weighted-mean σ(c_k) with α's weights (nan without confidences): the head's promise beside `acceptance`,
-    # so on held-out sequences confidence − acceptance is the level shift no temperature per position removes
+    # so on held-out sequences confidence − acceptance is the level shift a temperature per position barely moves
     confidence: float = float("nan")
 
 
