@@ -290,9 +290,8 @@ def eagle3_loss(
         tokens[i, : seq.num_tokens], features[i, : seq.num_tokens] = seq.token_ids, seq.features
         target_logits[i, : seq.num_tokens] = seq.logits
     j = torch.arange(J)
-    rows = torch.arange(S)[:, None, None]
     if config.eagle3_anchors_per_sequence is None:  # every position i at every step j (anchor i − j)
-        unrolled: Tensor | None = eagle3_unroll_hidden(model, tokens.to(device), features.to(device), J)  # [S, T, J, H]
+        hidden = eagle3_unroll_hidden(model, tokens.to(device), features.to(device), J)  # [S, T, J, H], at = pos below
         pos = torch.arange(T)[None, :, None].expand(S, T, J)
         real = (pos - j >= prompt_lens[:, None, None])
     else:  # the steps after sampled anchors a: position a + j at step j
@@ -303,14 +302,13 @@ def eagle3_loss(
         anchor_real = torch.zeros(S, M, dtype=torch.bool)
         for i, a in enumerate(anchors):
             anchor_pos[i, : len(a)], anchor_real[i, : len(a)] = a, True
-        unrolled = None
-        chains = eagle3_chain_hidden(model, tokens.to(device), features.to(device), anchor_pos.to(device), J)  # [S, M, J, H]
+        hidden = eagle3_chain_hidden(model, tokens.to(device), features.to(device), anchor_pos.to(device), J)  # [S, M, J, H]
         pos = anchor_pos[:, :, None] + j  # [S, M, J]
         real = anchor_real[:, :, None].expand(S, M, J)
     valid = real & (pos + 1 < lengths[:, None, None])  # a label after the position
     at = pos.clamp(max=T - 1)
-    hidden = chains if unrolled is None else unrolled[rows.to(device), at.to(device), j.to(device)]  # [S, N, J, H]
-    logits = model.logits(hidden)
+    rows = torch.arange(S)[:, None, None]
+    logits = model.logits(hidden)  # [S, N, J, V]: hidden is indexed (row, anchor or position, step) like `at`
     labels = tokens[rows, (at + 1).clamp(max=T - 1)]  # token i+1
     tl = target_logits[rows, at]
     N, V = at.shape[1], logits.shape[-1]

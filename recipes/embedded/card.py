@@ -92,7 +92,7 @@ def drafts_table(drafts: list[dict]) -> list[str]:
         temps = "; ".join(f"T={k}: " + ", ".join(f"{t:.2f}" for t in v)
                           for k, v in (d["sts_temperatures"] or {}).items()) or "–"
         confidence = d.get("heldout_confidence")
-        extra = (" –" if confidence is None else f" {confidence:.3f}") + " |" if promised else ""
+        extra = ((" –" if confidence is None else f" {confidence:.3f}") + " |") if promised else ""
         lines.append(f"| {d['name']} | {d['method']} | {d['head']} | {d['num_params_trainable']:,} | {d['train_seconds']:.0f} "
                      f"| {d['loss_first']:.3f} → {d['loss_last']:.3f} | {d['heldout_loss']:.3f} | {d['heldout_acceptance']:.3f} |"
                      f"{extra} {temps} |")

@@ -273,6 +273,11 @@ class TrainedDraft:
     heldout: DraftLoss
     vocab_coverage: float | None
 
+    @property
+    def heldout_confidence(self) -> float | None:
+        """The confidence head's held-out mean σ(c) for a record (None: the draft has no head)."""
+        return None if math.isnan(self.heldout.confidence) else self.heldout.confidence
+
 
 def train_one(inputs: DraftInputs, spec: DraftSpec, train_cfg: TrainConfig, draft_vocab_size: int | None) -> TrainedDraft:
     """One draft trained on `inputs.cache` and scored on the held-out cache (α: the analytic T = 1
@@ -323,7 +328,7 @@ def build_drafts(inputs: DraftInputs, out_dir: str | Path, *, log: Callable[[str
             train_seconds=result.seconds, loss_first=result.losses[0], loss_last=result.losses[-1],
             heldout_loss=float(held.total), heldout_acceptance=float(held.acceptance), sts_temperatures=temps,
             draft_vocab_size=p.draft_vocab_size, draft_vocab_coverage=trained.vocab_coverage,
-            heldout_confidence=None if math.isnan(held.confidence) else held.confidence,
+            heldout_confidence=trained.heldout_confidence,
         )
         # bf16 on disk and no embeddings (shared with the target): the committed build stays small.
         save_draft(model, Path(out_dir) / d.name, dtype=torch.bfloat16, share_target_embeddings=True,

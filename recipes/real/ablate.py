@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import random
 import time
 from dataclasses import dataclass, replace
@@ -109,8 +108,7 @@ def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None],
                 trained = train_one(data, specs[name], replace(p.drafts.train, steps=n, seed=seed), vocab)
                 row = AblationRow(name, vocab, n, num_layers, rank, count, trained.vocab_coverage,
                                   float(trained.heldout.total), trained.heldout.ce, trained.heldout.acceptance,
-                                  time.perf_counter() - start, seed,
-                                  None if math.isnan(trained.heldout.confidence) else trained.heldout.confidence)
+                                  time.perf_counter() - start, seed, trained.heldout_confidence)
                 rows.append(row)
                 log(format_row(row))
                 with (out / "ablation.jsonl").open("a") as f:
