@@ -76,6 +76,11 @@ def sts_for(emb, drafter: str, temperature: float) -> torch.Tensor | None:
     return emb.sts_temperatures.get(drafter, {}).get(f"{temperature:g}")
 
 
+def offsets_for(emb, drafter: str, temperature: float) -> torch.Tensor | None:
+    """The level offsets fitted beside the draft's temperatures, or None (STS alone, or no calibration)."""
+    return emb.sts_offsets.get(drafter, {}).get(f"{temperature:g}") if sts_for(emb, drafter, temperature) is not None else None
+
+
 def make_policy(variant: str, emb, sps, temperature: float, drafter: str = "dspark", costs=None):
     """(γ drafted per step, policy) of a variant name."""
     from dspark_core.scheduler import PrefixScheduler
@@ -86,11 +91,11 @@ def make_policy(variant: str, emb, sps, temperature: float, drafter: str = "dspa
         return int(variant.removeprefix("static")), None
     temps = sts_for(emb, drafter, temperature)
     if variant == "prefix":
-        return 7, PrefixScheduler(sps, temperatures=temps)
+        return 7, PrefixScheduler(sps, temperatures=temps, offsets=offsets_for(emb, drafter, temperature))
     if variant == "adaptive":
         from dspark_core.scheduler import CostAwareScheduler
 
-        return 7, CostAwareScheduler(costs, temperatures=temps)
+        return 7, CostAwareScheduler(costs, temperatures=temps, offsets=offsets_for(emb, drafter, temperature))
     raise ValueError(f"unknown variant {variant!r}: plain, static<γ>, {', '.join(SCHEDULERS)}")
 
 

@@ -207,3 +207,4 @@ class CellResult:
     # define acceptance; and its own TTFT totals (both server-wide, a difference of two scrapes; None: none)
     spec_counts: SpecCounts | None = None
     server_ttft: ServerTTFT | None = None
+    sts_offsets: tuple[float, ...] | None = None  # [γ] level offsets fitted with sts_temperatures (fit_sts_level), or None

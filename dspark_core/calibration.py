@@ -1,4 +1,4 @@
-"""Calibration of the confidence head: ECE, Brier, reliability tables and STS.
+"""Calibration of the confidence head: ECE, Brier, reliability tables, STS and STS with level offsets.
 
 The scheduler ranks (request, length) candidates by predicted cumulative survival, so what matters is
 that the *cumulative* prediction matches how often the first j drafts really all get accepted. Every
@@ -11,7 +11,8 @@ Data convention (one row per verify cycle; other modules pass exactly these):
     num_verified  # [num_cycles] long in 0..gamma: draft positions sent to the target this cycle
     num_accepted  # [num_cycles] long in 0..num_verified: accepted drafts this cycle
 
-    predicted survival   a_j = prod_{i<=j} sigmoid(c_i / T_i)          (T_i = 1 for raw)
+    predicted survival   a_j = prod_{i<=j} sigmoid(c_i / T_i + b_i)    (T_i = 1, b_i = 0 for raw;
+                                                                     b_i = 0 for STS alone)
     realised outcome     y_j = (num_accepted >= j)
     observed             j <= num_verified
 
@@ -48,12 +49,16 @@ def default_sts_grid() -> Tensor:
     return torch.unique(torch.cat([grid, torch.ones(1, dtype=torch.float64)]))  # [301], sorted
 
 
-def cumulative_survival(conf_logits: Tensor, temperatures: Tensor | None = None) -> Tensor:
-    """a_j = prod_{i<=j} sigmoid(c_i / T_i); non-increasing in j by construction, whatever the T_i > 0."""
+def cumulative_survival(conf_logits: Tensor, temperatures: Tensor | None = None, offsets: Tensor | None = None) -> Tensor:
+    """a_j = prod_{i<=j} sigmoid(c_i / T_i + b_i); non-increasing in j by construction, whatever the T_i > 0.
+
+    `offsets` b_i (default 0) are `fit_sts_level`'s: what a temperature alone cannot do (module docstring)."""
     compute_dtype = torch.promote_types(conf_logits.dtype, torch.float32)
     logits = conf_logits.to(compute_dtype)  # [num_cycles, gamma]
     if temperatures is not None:
         logits = logits / temperatures.to(device=logits.device, dtype=compute_dtype)  # T: [gamma]
+    if offsets is not None:
+        logits = logits + offsets.to(device=logits.device, dtype=compute_dtype)  # b: [gamma]
     return torch.cumprod(torch.sigmoid(logits), dim=-1).to(conf_logits.dtype)  # [num_cycles, gamma]
 
 
@@ -100,8 +105,8 @@ def _bin_sums(
     return counts.view(shape), pred_sums.view(shape), real_sums.view(shape)
 
 
-def _as_double(temperatures: Tensor | None) -> Tensor | None:
-    return None if temperatures is None else temperatures.double()
+def _as_double(values: Tensor | None) -> Tensor | None:
+    return None if values is None else values.double()
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,14 +179,16 @@ def expected_calibration_error(
     num_accepted: Tensor,
     temperatures: Tensor | None = None,
     num_bins: int = DEFAULT_NUM_BINS,
+    offsets: Tensor | None = None,
 ) -> CalibrationReport:
     """ECE, Brier and reliability table of cumulative survival; conventions in the module docstring.
 
-    Pass the STS temperatures to get the calibrated report, none for the raw one.
+    Pass the STS temperatures (and level offsets, where the fit has them) to get the calibrated report,
+    none for the raw one.
     """
     _check_inputs(conf_logits, num_verified, num_accepted)
     gamma = conf_logits.shape[1]
-    survival = cumulative_survival(conf_logits.double(), _as_double(temperatures))  # [num_cycles, gamma]
+    survival = cumulative_survival(conf_logits.double(), _as_double(temperatures), _as_double(offsets))  # [num_cycles, gamma]
     observed, realised = _observed_and_realised(num_verified, num_accepted, gamma)
 
     # Flatten observed (cycle, position) pairs; each position is its own group with its own bins.
@@ -250,6 +257,78 @@ def fit_sts(
         # Same operations as cumulative_survival, so the report reproduces the fitted ECE bit for bit.
         prefix = prefix * torch.sigmoid(logits[:, j] / temperatures[j])
     return temperatures
+
+
+MAX_LEVEL_OFFSET = 8.0  # |b_j| bound of `fit_sts_level`: σ(±8) ≈ 0.9997 / 0.0003, past any useful confidence
+
+
+def fit_sts_level(
+    conf_logits: Tensor,
+    num_verified: Tensor,
+    num_accepted: Tensor,
+    grid: Tensor | None = None,
+    num_bins: int = DEFAULT_NUM_BINS,
+    grid_chunk: int = 64,
+) -> tuple[Tensor, Tensor]:
+    """STS with a level offset per position: a_j = a_{j-1} · σ(c_j / T_j + b_j), fitted left to right.
+
+    Why: a temperature sharpens or flattens the confidences about ½, so it lowers those on one side only
+    by raising those on the other; it cannot remove a level shift, the miscalibration a draft's
+    generalisation gap gives (its confidence head learned the acceptance of its training answers, where the
+    draft is better than on new text: every held-out position then promises too much). Here, for each T_j
+    of the grid, b_j is the offset that makes the fitted set's mean predicted survival at j equal its
+    observed survival rate (Σ a_j = Σ y_j over the observed cycles; bisection, |b_j| ≤ MAX_LEVEL_OFFSET),
+    and T_j is the grid's temperature whose matched curve has the least ECE, ties to the T closest to 1.
+    The mean match is one smooth equation per candidate, so the fit adds a parameter without adding a
+    second non-smooth search. Order within a position is kept (T_j > 0) and a_j stays non-increasing.
+
+    Returns (temperatures [gamma], offsets [gamma]) float64 (CPU); positions never observed keep (1, 0).
+    """
+    _check_inputs(conf_logits, num_verified, num_accepted)
+    grid = default_sts_grid() if grid is None else grid.double().cpu()
+    if grid.dim() != 1 or grid.numel() == 0 or (grid <= 0).any():
+        raise ValueError("grid must be a non-empty 1-D tensor of positive temperatures")
+    grid = grid[torch.argsort(grid.log().abs(), stable=True)]  # ties go to the T closest to 1
+    logits = conf_logits.detach().double().cpu()  # [num_cycles, gamma]
+    num_cycles, gamma = logits.shape
+    observed, realised = _observed_and_realised(num_verified.cpu(), num_accepted.cpu(), gamma)
+    temperatures = torch.ones(gamma, dtype=torch.float64)
+    offsets = torch.zeros(gamma, dtype=torch.float64)
+    prefix = torch.ones(num_cycles, dtype=torch.float64)  # [num_cycles]: a_{j-1} with the fitted (T, b)
+    for j in range(gamma):
+        rows = observed[:, j].nonzero(as_tuple=True)[0]  # [N_j]
+        if rows.numel() > 0:
+            outcome = realised[rows, j].double()  # [N_j]
+            ece = torch.empty(grid.numel(), dtype=torch.float64)
+            matched = torch.empty(grid.numel(), dtype=torch.float64)
+            for start in range(0, grid.numel(), grid_chunk):
+                temps = grid[start : start + grid_chunk]  # [G]
+                scaled = logits[rows, j][None, :] / temps[:, None]  # [G, N_j]
+                b = _matching_offsets(scaled, prefix[rows], float(outcome.sum()))  # [G]
+                predicted = prefix[rows][None, :] * torch.sigmoid(scaled + b[:, None])  # [G, N_j]
+                num_g = temps.numel()
+                group = torch.arange(num_g).repeat_interleave(rows.numel())
+                _, pred_sums, real_sums = _bin_sums(predicted.reshape(-1), outcome.repeat(num_g), group, num_g, num_bins)
+                ece[start : start + num_g] = (pred_sums - real_sums).abs().sum(dim=1) / rows.numel()
+                matched[start : start + num_g] = b
+            best = int((ece <= ece.min() + 1e-12).nonzero()[0])
+            temperatures[j], offsets[j] = grid[best], matched[best]
+        # Same operations as cumulative_survival, so the report reproduces the fitted ECE bit for bit.
+        prefix = prefix * torch.sigmoid(logits[:, j] / temperatures[j] + offsets[j])
+    return temperatures, offsets
+
+
+def _matching_offsets(scaled: Tensor, prefix: Tensor, target: float, iterations: int = 60) -> Tensor:
+    """Per row of `scaled` [G, N], the b with Σ prefix · σ(scaled + b) = target, by bisection on
+    [−MAX_LEVEL_OFFSET, MAX_LEVEL_OFFSET] (the sum rises with b; a target outside its range gets the bound)."""
+    lo = torch.full((scaled.shape[0],), -MAX_LEVEL_OFFSET, dtype=torch.float64)
+    hi = torch.full((scaled.shape[0],), MAX_LEVEL_OFFSET, dtype=torch.float64)
+    for _ in range(iterations):  # 16 / 2^60: exact to float64
+        mid = (lo + hi) / 2
+        above = (prefix[None, :] * torch.sigmoid(scaled + mid[:, None])).sum(dim=1) > target
+        hi = torch.where(above, mid, hi)
+        lo = torch.where(above, lo, mid)
+    return (lo + hi) / 2
 
 
 def _grid_ece(

@@ -28,8 +28,9 @@ keeps the rule as follows:
   chosen layer by layer (position j of every request at once) with Algorithm 1's early stop: layer j is
   admitted from the survivals of positions ≤ j, and a_{r,j} depends on request r's x_1 … x_{j−1} only.
 
-Survival is computed with the STS temperatures (a [γ] tensor) or an `OnlineCalibrator` (its current
-temperatures, via `calibrate`), never both; temperatures fitted on past cycles are past information.
+Survival is computed with the STS temperatures (a [γ] tensor, with the level offsets fitted beside them
+where the draft has them: `calibration.fit_sts_level`) or an `OnlineCalibrator` (its current
+temperatures, via `calibrate`), never both; a calibration fitted on past cycles is past information.
 
 Tie-breaking: candidates are sorted by survival, descending and stable over a position-major layout
 (all requests' position 1, then position 2, …), so equal survival goes to the earlier position, then the
@@ -67,18 +68,27 @@ class Calibrator(Protocol):
 class _Calibrated(VerifyAll):
     """Shared by the confidence-based policies: calibrated logits and survival of a proposal."""
 
-    def __init__(self, temperatures: Tensor | None = None, calibrator: Calibrator | None = None) -> None:
+    def __init__(self, temperatures: Tensor | None = None, calibrator: Calibrator | None = None, *,
+                 offsets: Tensor | None = None) -> None:
         if temperatures is not None and calibrator is not None:
             raise ValueError("pass STS temperatures or an online calibrator, not both")
         if temperatures is not None:
             temperatures = torch.as_tensor(temperatures, dtype=torch.float64)
             if temperatures.dim() != 1 or temperatures.numel() == 0 or not bool((temperatures > 0).all()):
                 raise ValueError("temperatures must be a non-empty 1-D tensor [γ] of positive values")
+        if offsets is not None:
+            if temperatures is None:
+                raise ValueError("level offsets come with the STS temperatures they were fitted with")
+            offsets = torch.as_tensor(offsets, dtype=torch.float64)
+            if offsets.shape != temperatures.shape:
+                raise ValueError(f"offsets must match the temperatures' shape {tuple(temperatures.shape)}, "
+                                 f"got {tuple(offsets.shape)}")
         self.temperatures = temperatures
+        self.offsets = offsets
         self.calibrator = calibrator
 
     def calibrated_logits(self, proposal: DraftProposal) -> Tensor:
-        """[R, γ] float64 c / T of every drafted position."""
+        """[R, γ] float64 c / T + b of every drafted position (b = 0 without level offsets)."""
         conf = proposal.confidence_logits
         if conf is None:
             raise ValueError(
@@ -93,7 +103,8 @@ class _Calibrated(VerifyAll):
         if self.temperatures is not None:
             if self.temperatures.numel() < gamma:
                 raise ValueError(f"{self.temperatures.numel()} temperatures for γ={gamma} draft positions")
-            return conf.double() / self.temperatures[:gamma].to(conf.device)
+            scaled = conf.double() / self.temperatures[:gamma].to(conf.device)
+            return scaled if self.offsets is None else scaled + self.offsets[:gamma].to(conf.device)
         return conf.double()
 
     def survival(self, proposal: DraftProposal) -> Tensor:
@@ -127,12 +138,13 @@ class StaticLength(VerifyAll):
 
 
 class ConfidenceThreshold(_Calibrated):
-    """Verify up to (not including) the first position whose σ(c_k / T_k) < threshold."""
+    """Verify up to (not including) the first position whose calibrated σ(c_k / T_k + b_k) < threshold."""
 
     def __init__(
-        self, threshold: float, temperatures: Tensor | None = None, calibrator: Calibrator | None = None
+        self, threshold: float, temperatures: Tensor | None = None, calibrator: Calibrator | None = None, *,
+        offsets: Tensor | None = None,
     ) -> None:
-        super().__init__(temperatures, calibrator)
+        super().__init__(temperatures, calibrator, offsets=offsets)
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must lie in [0, 1], got {threshold}")
         self.threshold = threshold
@@ -238,8 +250,9 @@ class PrefixScheduler(_Calibrated):
     """The hardware-aware prefix scheduler (paper Algorithm 1): long verification on an idle GPU, short
     on a busy one. `sps` is the SPS table of the hardware it runs on."""
 
-    def __init__(self, sps: SPSTable, temperatures: Tensor | None = None, calibrator: Calibrator | None = None) -> None:
-        super().__init__(temperatures, calibrator)
+    def __init__(self, sps: SPSTable, temperatures: Tensor | None = None, calibrator: Calibrator | None = None, *,
+                 offsets: Tensor | None = None) -> None:
+        super().__init__(temperatures, calibrator, offsets=offsets)
         self.sps = sps
 
     def num_admitted(self, theta: Tensor, sorted_survival: Tensor) -> Tensor | int:
@@ -280,8 +293,10 @@ class AsyncBudgetScheduler(PrefixScheduler):
         initial_budget: int | None = None,
         temperatures: Tensor | None = None,
         calibrator: Calibrator | None = None,
+        *,
+        offsets: Tensor | None = None,
     ) -> None:
-        super().__init__(sps, temperatures, calibrator)
+        super().__init__(sps, temperatures, calibrator, offsets=offsets)
         if delay < 0 or (initial_budget is not None and initial_budget < 0):
             raise ValueError(f"need delay >= 0 and initial_budget >= 0, got {delay}, {initial_budget}")
         self.delay = delay
@@ -381,8 +396,9 @@ class CostAwareScheduler(_Calibrated):
         cost_window: float = 16.0,
         prior_weight: float = 2.0,
         cold_explorations: int = 4,
+        offsets: Tensor | None = None,
     ) -> None:
-        super().__init__(temperatures, calibrator)
+        super().__init__(temperatures, calibrator, offsets=offsets)
         if window < 1 or explore_every < 1 or margin < 0 or not 0 < optimism <= 1 or cost_window < 1:
             raise ValueError(f"need window >= 1, explore_every >= 1, margin >= 0, 0 < optimism <= 1, "
                              f"cost_window >= 1, got {window}, {explore_every}, {margin}, {optimism}, {cost_window}")

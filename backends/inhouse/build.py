@@ -42,11 +42,20 @@ class LoadedDrafter:
     drafter: Any  # a dspark_core Drafter
     draft_hash: str = ""  # fingerprint of its checkpoint ("" without one)
     sts: dict[str, tuple[float, ...]] = field(default_factory=dict)  # decoding temperature "%g" → STS T_j [γ]
+    sts_offsets: dict[str, tuple[float, ...]] = field(default_factory=dict)  # "%g" → level offsets b_j [γ], if fitted
 
     def temperatures(self, temperature: float, num_drafts: int) -> tuple[float, ...] | None:
         """The drafter's STS temperatures for this decoding temperature, cut to γ; None where it has none."""
         sts = self.sts.get(f"{temperature:g}")
         return tuple(sts[:num_drafts]) if sts and num_drafts > 0 else None
+
+    def offsets(self, temperature: float, num_drafts: int) -> tuple[float, ...] | None:
+        """The level offsets fitted beside those temperatures (`calibration.fit_sts_level`), cut to γ; None
+        where the draft has none (a draft calibrated by STS alone)."""
+        if self.temperatures(temperature, num_drafts) is None:
+            return None
+        b = self.sts_offsets.get(f"{temperature:g}")
+        return tuple(b[:num_drafts]) if b else None
 
 
 @dataclass
@@ -57,6 +66,7 @@ class Built:
     drafter: LoadedDrafter
     policy: Any  # a dspark_core VerifyPolicy, or None (verify every draft)
     temperatures: tuple[float, ...] | None  # STS temperatures the policy calibrates with (also the ECE's)
+    offsets: tuple[float, ...] | None  # the level offsets fitted with them, or None
     note: str  # what building the policy reported (a profiled SPS or step-cost table), or ""
 
 
@@ -142,8 +152,9 @@ class Models:
                                        f"the cell asks for {spec.head!r}")
                 pack_linears(model)  # on the CPU, fp32 (bf16 where native): oneDNN's prepacked matmuls (dspark_core.packed_linear)
                 sts = model.config.extra.get("sts_temperatures") or {}
+                offsets = model.config.extra.get("sts_offsets") or {}
                 loaded = LoadedDrafter(as_drafter(model), model_refs.fingerprint(ref),
-                                       {t: tuple(v) for t, v in sts.items()})
+                                       {t: tuple(v) for t, v in sts.items()}, {t: tuple(v) for t, v in offsets.items()})
             self._drafters[key] = loaded
         return self._drafters[key]
 
@@ -159,9 +170,11 @@ class Models:
             loaded.model.set_layer_ids(layer_ids)  # () for plain / n-gram: no hidden states computed
         plain = drafter.method == "none"
         temperatures = None if plain else draft.temperatures(temperature, num_drafts)
+        offsets = None if plain else draft.offsets(temperature, num_drafts)
         verify_policy, note = build_policy(policy, plain, num_drafts, loaded, draft.drafter, temperatures,
-                                           drafter_key=(drafter.method, drafter.checkpoint, drafter.head), rows=rows)
-        return Built(loaded, draft, verify_policy, temperatures, note)
+                                           drafter_key=(drafter.method, drafter.checkpoint, drafter.head), rows=rows,
+                                           offsets=offsets)
+        return Built(loaded, draft, verify_policy, temperatures, offsets, note)
 
 
 def build_engine(built: Built, num_drafts: int, num_slots: int, max_context: int, *, longest: int = 0,

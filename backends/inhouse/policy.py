@@ -20,15 +20,16 @@ PROFILE_CONTEXT = 256  # context length the tables are measured (and fingerprint
 
 
 def build_policy(spec: PolicySpec, plain: bool, num_drafts: int, target, drafter, temperatures, *,
-                 drafter_key: tuple = (), rows: int = 64) -> tuple[Any, str]:
+                 drafter_key: tuple = (), rows: int = 64, offsets=None) -> tuple[Any, str]:
     """(the dspark_core policy, a note) for `spec`; None verifies every draft (plain decoding, `full`).
 
     `target` is a `build.LoadedTarget` (its `tables` cache what was profiled), `temperatures` the drafter's
-    STS temperatures [γ] or None, `drafter_key` what identifies the drafter in that cache, `rows` the most
+    STS temperatures [γ] or None (`offsets`: the level offsets fitted with them, or None), `drafter_key` what identifies the drafter in that cache, `rows` the most
     requests a step decodes (the step-cost table covers batch sizes up to it, rounded up to a power of two)."""
     from dspark_core import scheduler
 
     temps = torch.tensor(temperatures[:num_drafts], dtype=torch.float64) if temperatures else None
+    levels = torch.tensor(offsets[:num_drafts], dtype=torch.float64) if temps is not None and offsets else None
     if plain or spec.name == "full":
         return None, ""
     if spec.name == "static":
@@ -38,15 +39,15 @@ def build_policy(spec: PolicySpec, plain: bool, num_drafts: int, target, drafter
     if spec.name == "threshold":
         if spec.threshold is None:
             raise ValueError("policy threshold needs threshold (a confidence cut-off in (0, 1))")
-        return scheduler.ConfidenceThreshold(spec.threshold, temperatures=temps), ""
+        return scheduler.ConfidenceThreshold(spec.threshold, temperatures=temps, offsets=levels), ""
     if spec.name == "adaptive":
         costs, note = step_cost_table(spec, target, drafter, num_drafts, drafter_key, rows)
-        return scheduler.CostAwareScheduler(costs, temperatures=temps), note
+        return scheduler.CostAwareScheduler(costs, temperatures=temps, offsets=levels), note
     sps, note = sps_table(spec, target)
     if spec.name == "scheduler":
-        return scheduler.PrefixScheduler(sps, temperatures=temps), note
+        return scheduler.PrefixScheduler(sps, temperatures=temps, offsets=levels), note
     if spec.name == "budget":
-        return scheduler.AsyncBudgetScheduler(sps, temperatures=temps), note
+        return scheduler.AsyncBudgetScheduler(sps, temperatures=temps, offsets=levels), note
     raise BackendError(f"policy {spec.name!r} is not supported by the in-house backend")
 
 

@@ -81,7 +81,7 @@ def run_cell(cell: Cell, built: Built, *, num_slots: int, max_context: int, devi
     window = MeasurementWindow.after_warmup_phase(
         [r.record for r in requests if not r.warmup], [r.record for r in requests if r.warmup])
     return CellResult(requests, list(engine.steps), window, provenance(cell, built, data.content_hash, device),
-                      built.temperatures, log=built.note)
+                      built.temperatures, log=built.note, sts_offsets=built.offsets)
 
 
 def request_result(cell: Cell, done: Completed, warmup: bool) -> RequestResult:

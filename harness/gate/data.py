@@ -93,6 +93,7 @@ class CellRepeat:
     window_start_s: float | None
     window_end_s: float | None
     sts_temperatures: tuple[float, ...] | None  # [γ] STS T_j of the drafter; None without a confidence head
+    sts_offsets: tuple[float, ...] | None = None  # [γ] level offsets b_j fitted with them; None: STS alone
 
     @property
     def window_s(self) -> float | None:
@@ -130,7 +131,7 @@ class CellInfo:
 def cells(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, CellInfo]:
     """Cells of a run by cell id, in the order of their labels."""
     columns = ("cell_id", "repeat", "label", *AXES, "params", "comparability_key", "provenance", "status",
-               "error", "window_start_s", "window_end_s", "sts_temperatures")
+               "error", "window_start_s", "window_end_s", "sts_temperatures", "sts_offsets")
     quoted = ", ".join(f'"{c}"' for c in columns)
     rows = conn.execute(
         f'SELECT {quoted} FROM cells WHERE run_id = $run_id ORDER BY label, cell_id, "repeat"', {"run_id": run_id}
@@ -143,6 +144,7 @@ def cells(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, CellInfo]:
     for cell_id, recs in grouped.items():
         first = next((r for r in recs if r["status"] == "ok"), recs[0])
         temps = [_json(r["sts_temperatures"]) for r in recs]
+        levels = [_json(r["sts_offsets"]) for r in recs]
         out[cell_id] = CellInfo(
             cell_id=cell_id,
             label=first["label"] or cell_id,
@@ -155,8 +157,9 @@ def cells(conn: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, CellInfo]:
                     repeat=int(r["repeat"]), status=r["status"], error=r["error"],
                     window_start_s=r["window_start_s"], window_end_s=r["window_end_s"],
                     sts_temperatures=None if t is None else tuple(float(x) for x in t),
+                    sts_offsets=None if b is None else tuple(float(x) for x in b),
                 )
-                for r, t in zip(recs, temps)
+                for r, t, b in zip(recs, temps, levels)
             ),
         )
     return out

@@ -183,9 +183,11 @@ def _with_unpaired(est: Estimate, num_unpaired: int) -> Estimate:
 
 def _side_ece_table(side: _Side, cell_id: str, cycles: data.ConfidenceCycles, calibrated: bool) -> EceTable:
     logits = cycles.logits
-    temps = None
+    temps = offsets = None
     if calibrated:
-        by_repeat = {r.repeat: r.sts_temperatures for r in side.cells[cell_id].repeats}
+        repeats = side.cells[cell_id].repeats
+        by_repeat = {r.repeat: r.sts_temperatures for r in repeats}
+        offsets_of = {r.repeat: r.sts_offsets for r in repeats}
         missing = sorted({int(r) for r in cycles.repeat if by_repeat.get(int(r)) is None})
         if missing:
             raise _Inconclusive(f"no STS temperatures in the {side.name} (repeats {missing})")
@@ -194,12 +196,15 @@ def _side_ece_table(side: _Side, cell_id: str, cycles: data.ConfidenceCycles, ca
             raise _Inconclusive(f"{side.name} STS temperatures are fewer than the confidence positions")
         if gamma > logits.shape[1]:  # positions never stored are unobserved
             logits = np.pad(logits, ((0, 0), (0, gamma - logits.shape[1])), constant_values=np.nan)
-        temps = np.ones_like(logits)  # [cycles, γ]: each cycle with the temperatures of its repeat
+        temps = np.ones_like(logits)  # [cycles, γ]: each cycle with the calibration of its repeat
+        offsets = np.zeros_like(logits)
         for rep in np.unique(cycles.repeat):
-            t = by_repeat[int(rep)]
+            t, b = by_repeat[int(rep)], offsets_of.get(int(rep))
             temps[cycles.repeat == rep, : len(t)] = t
+            if b is not None:
+                offsets[cycles.repeat == rep, : len(b)] = b
     return ece_table(logits, cycles.num_verified, cycles.num_accepted, cycles.prompt_index,
-                     len(cycles.prompt_keys), temps)
+                     len(cycles.prompt_keys), temps, offsets=offsets)
 
 
 def _ece_estimate(rule: GateRule, cell_id: str, base: _Side, cand: _Side) -> Estimate:

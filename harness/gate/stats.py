@@ -243,14 +243,18 @@ def ratio_bootstrap(
 # ------------------------------------------------------------------------------------------------ ECE
 
 
-def cumulative_survival(logits: np.ndarray, temperatures: np.ndarray | None = None) -> np.ndarray:
-    """a_j = Π_{i≤j} σ(c_i / T_i) ([cycles, γ]); NaN logits propagate to every later position.
+def cumulative_survival(logits: np.ndarray, temperatures: np.ndarray | None = None,
+                        offsets: np.ndarray | None = None) -> np.ndarray:
+    """a_j = Π_{i≤j} σ(c_i / T_i + b_i) ([cycles, γ]); NaN logits propagate to every later position.
 
-    `temperatures`: [γ], or [cycles, γ] when cycles come from repeats calibrated differently.
+    `temperatures` (STS) and `offsets` (the level offsets fitted with them; None: 0): [γ], or [cycles, γ] when
+    cycles come from repeats calibrated differently.
     """
     x = np.asarray(logits, dtype=np.float64)
     if temperatures is not None:
         x = x / np.asarray(temperatures, dtype=np.float64)
+    if offsets is not None:
+        x = x + np.asarray(offsets, dtype=np.float64)
     return np.cumprod(1.0 / (1.0 + np.exp(-x)), axis=-1)
 
 
@@ -289,6 +293,7 @@ def ece_table(
     num_units: int,
     temperatures: np.ndarray | None = None,
     num_bins: int = NUM_BINS,
+    offsets: np.ndarray | None = None,
 ) -> EceTable:
     """Reduce cycles to per-unit ECE sums, conventions of `dspark_core.calibration`.
 
@@ -298,7 +303,7 @@ def ece_table(
     """
     logits = np.asarray(logits, dtype=np.float64)
     gamma = logits.shape[1]
-    survival = cumulative_survival(logits, temperatures)  # [cycles, γ]
+    survival = cumulative_survival(logits, temperatures, offsets)  # [cycles, γ]
     positions = np.arange(1, gamma + 1)
     observed = (positions[None, :] <= np.asarray(num_verified)[:, None]) & np.isfinite(survival)
     realised = (positions[None, :] <= np.asarray(num_accepted)[:, None]).astype(np.float64)

@@ -1,4 +1,8 @@
-"""Calibration of the confidence head over the records: ECE and Brier, raw and STS-calibrated.
+"""Calibration of the confidence head over the records: ECE and Brier, raw and calibrated.
+
+Calibrated: with the drafter's own fitted calibration, its STS temperatures T_j and, where its build fitted
+them (`dspark_core.calibration.fit_sts_level`), the level offsets b_j beside them (a draft without offsets
+is calibrated by STS alone, b_j = 0). The cell row keeps both (`cells.sts_temperatures`, `cells.sts_offsets`).
 
 The one ECE of the project (summary, store, views, report, gate): 20 equal-width bins of cumulative
 survival a_j *per draft position j* (each position its own bins), observed positions only, and
@@ -15,7 +19,7 @@ This module only builds the [cycles, γ] input from the records and names the re
 request whose drafter carried a confidence head; unverified positions are padded and never observed.
 
 SQL mirror: `step_confidences(request_id, step, position, logit)` joined to `ok_steps`; a_j is a
-windowed `exp(sum(ln(sigmoid(logit / T_j))) OVER (PARTITION BY request_id, step ORDER BY position))`,
+windowed `exp(sum(ln(sigmoid(logit / T_j + b_j))) OVER (PARTITION BY request_id, step ORDER BY position))`,
 realised y_j = `num_accepted >= position` (rows with position <= num_verified only), bin
 `least(floor(a_j * 20), 19)`; per (position, bin) `gap = sum(a_j) - sum(y_j)`, then per position
 `ECE_j = sum(abs(gap)) / N_j` and overall `sum(abs(gap)) / sum(N_j)`; Brier `avg((a_j - y_j)^2)`.
@@ -51,9 +55,10 @@ def confidence_table(records: Sequence[RequestRecord]):
     )
 
 
-def calibration_reports(records: Sequence[RequestRecord], temperatures=None, num_bins: int = 20):
+def calibration_reports(records: Sequence[RequestRecord], temperatures=None, num_bins: int = 20, *, offsets=None):
     """(raw report, calibrated report or None) from `dspark_core.calibration.expected_calibration_error`,
-    the table built once; None if no record carries confidences. `temperatures`: STS T_j, [γ]."""
+    the table built once; None if no record carries confidences. `temperatures`: STS T_j, [γ]; `offsets`:
+    the level offsets b_j fitted with them (`calibration.fit_sts_level`), [γ], or None (0)."""
     table = confidence_table(records)
     if table is None:
         return None
@@ -67,15 +72,21 @@ def calibration_reports(records: Sequence[RequestRecord], temperatures=None, num
         temps = torch.as_tensor(temperatures, dtype=torch.float64)
         if temps.shape != (conf_logits.shape[1],):
             raise ValueError(f"temperatures must be [γ={conf_logits.shape[1]}], got shape {tuple(temps.shape)}")
+        levels = None
+        if offsets is not None:
+            levels = torch.as_tensor(offsets, dtype=torch.float64)
+            if levels.shape != temps.shape:
+                raise ValueError(f"offsets must be [γ={conf_logits.shape[1]}], got shape {tuple(levels.shape)}")
         calibrated = expected_calibration_error(conf_logits, num_verified, num_accepted, temperatures=temps,
-                                                num_bins=num_bins)
+                                                num_bins=num_bins, offsets=levels)
     return raw, calibrated
 
 
-def calibration_metrics(records: Sequence[RequestRecord], temperatures=None, num_bins: int = 20) -> dict[str, Metric]:
+def calibration_metrics(records: Sequence[RequestRecord], temperatures=None, num_bins: int = 20, *,
+                        offsets=None) -> dict[str, Metric]:
     """`ece_raw`, `brier_raw` and per position `ece_position_raw_k<j>` (n = observed cycles), and the same
-    with `calibrated` when STS temperatures are given. ECE and Brier are fractions (0 … 1), not percent."""
-    reports = calibration_reports(records, temperatures, num_bins)
+    with `calibrated` when STS temperatures (and their level offsets, if any) are given. ECE and Brier are fractions (0 … 1), not percent."""
+    reports = calibration_reports(records, temperatures, num_bins, offsets=offsets)
     if reports is None:
         return {}
     out: dict[str, Metric] = {}
@@ -90,11 +101,12 @@ def calibration_metrics(records: Sequence[RequestRecord], temperatures=None, num
     return out
 
 
-def reliability_bins(records: Sequence[RequestRecord], temperatures=None, num_bins: int = 20) -> list[tuple]:
+def reliability_bins(records: Sequence[RequestRecord], temperatures=None, num_bins: int = 20, *,
+                     offsets=None) -> list[tuple]:
     """The non-empty reliability bins, per draft position: (kind, position ≥ 1, bin, lower, upper, count,
     Σ predicted survival, Σ realised survival), raw and (with temperatures) calibrated; [] without
     confidences. Σ|Σ pred − Σ real| / Σ count over a kind's rows is its `ece_<kind>`."""
-    reports = calibration_reports(records, temperatures, num_bins)
+    reports = calibration_reports(records, temperatures, num_bins, offsets=offsets)
     if reports is None:
         return []
     out = []

@@ -25,8 +25,9 @@ def derive(cell: Cell, result: CellResult) -> CellResult:
     counters (`result.spec_counts`), which then define it; a synthetic-acceptance cell carries the flag
     metric `synthetic_acceptance` = 1, so a query over acceptance or throughput can exclude (or select) it."""
     records = [r.record for r in result.requests]
-    temperatures = result.sts_temperatures
-    metrics = dict(summarise(records, result.steps, result.window, sla=cell.sla, temperatures=temperatures))
+    temperatures, offsets = result.sts_temperatures, result.sts_offsets
+    metrics = dict(summarise(records, result.steps, result.window, sla=cell.sla, temperatures=temperatures,
+                             offsets=offsets))
     if result.spec_counts is not None:
         metrics.update(spec_count_metrics(result.spec_counts, cell.num_drafts))
     if result.server_ttft is not None:
@@ -34,7 +35,7 @@ def derive(cell: Cell, result: CellResult) -> CellResult:
     if cell.is_synthetic:
         metrics["synthetic_acceptance"] = Metric(1.0, "flag", 1)
     in_window = succeeded(requests_in(records, result.window))
-    bins = [CalibrationBin(*row) for row in reliability_bins(in_window, temperatures)]
+    bins = [CalibrationBin(*row) for row in reliability_bins(in_window, temperatures, offsets=offsets)]
     return replace(result, metrics=MetricSet(metrics), calibration_bins=bins)
 
 

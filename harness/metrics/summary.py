@@ -19,13 +19,14 @@ def summarise(
     sla: rates.SLA | None = None,
     plain: Mapping[str, Metric] | None = None,
     temperatures=None,
+    offsets=None,
 ) -> MetricSet:
     """Derived metrics of one case (one engine × drafter × task × load …) over `window`.
 
     `records`/`steps` may cover the whole run: the window rule selects (requests by finish time, steps
     by end time; warm-up lies before `window.start_s`). `sla` adds goodput and attainment; `plain`, the
     MetricSet of plain decoding measured in the same run, adds the speedups; `temperatures` (STS T_j,
-    [γ]) adds the calibrated ECE. Metrics that need data the records lack (no token times, no
+    [γ], with `offsets` b_j where the draft's fit has them) adds the calibrated ECE. Metrics that need data the records lack (no token times, no
     confidences, no steps) are left out; metrics with an empty population are present with value None.
     """
     inside = requests_in(records, window)
@@ -56,7 +57,7 @@ def summarise(
         out[f"position_acceptance_unconditional_k{k}"] = m
     for k, m in enumerate(acceptance.position_acceptance_conditional(ok), start=1):
         out[f"position_acceptance_conditional_k{k}"] = m
-    out.update(confidence.calibration_metrics(ok, temperatures))
+    out.update(confidence.calibration_metrics(ok, temperatures, offsets=offsets))
 
     out.update(describe("ttft", latency.ttft_samples(ok), "s", LATENCY_PERCENTILES))
     out.update(describe("tpot", latency.tpot_samples(ok), "s/token", LATENCY_PERCENTILES))

@@ -13,8 +13,10 @@ Intervals (95%):
                                                    rounds, shrunk by the design effect of conversations
                                                    (`stats.clustered_wilson`; a looping answer accepts on every
                                                    step, so steps are not independent trials)
-    ECE (raw | STS-calibrated)                     the gate's ECE (`stats.ece_table`), bootstrap over
-                                                   conversations; `n` = confidences observed
+    ECE (raw | calibrated)                         the gate's ECE (`stats.ece_table`), bootstrap over
+                                                   conversations; `n` = confidences observed; calibrated: with
+                                                   the drafter's STS temperatures and, where its build fitted
+                                                   them, the level offsets beside them (`fit_sts_level`)
     ECE gain = raw − calibrated                    paired: both ECEs on the same bootstrap draw of conversations,
                                                    so the calibration claim is judged on its own interval
     mean gap = mean(a_j − y_j) (raw | calibrated)  signed calibration in the large over the ECE's positions, same
@@ -24,7 +26,7 @@ Intervals (95%):
                                                    (sequential acceptance with P(accept j | j−1) = a_j / a_{j−1}),
                                                    mean over 200 draws. An ECE at its floor is sampling noise.
     ECE pooled                                     one ECE over every cell of a drafter at one temperature (all
-                                                   tasks' cycles together, each with its cell's STS temperatures),
+                                                   tasks' cycles together, each with its cell's calibration),
                                                    bootstrap over all their conversations: what a goal "on ≥ N
                                                    confidences" is judged on, never a mean of per-task ECEs
     speedup                                        `v_speedup_summary` (paired rounds, its own estimator)
@@ -114,16 +116,27 @@ def _unit_index(cycles: gate_data.ConfidenceCycles) -> tuple[np.ndarray, int]:
     return of_prompt[cycles.prompt_index], len(names)
 
 
-def _temperatures(cell: gate_data.CellInfo, cycles: gate_data.ConfidenceCycles) -> np.ndarray | None:
-    by_repeat = {r.repeat: r.sts_temperatures for r in cell.repeats}
+def _calibration(cell: gate_data.CellInfo, cycles: gate_data.ConfidenceCycles) -> Calibration | None:
+    """Each cycle's STS temperatures and level offsets (0 where its repeat has none), both [cycles, γ]; None
+    where a repeat has no temperatures for every position."""
+    by_repeat = {r.repeat: (r.sts_temperatures, r.sts_offsets) for r in cell.repeats}
     gamma = cycles.logits.shape[1]
-    rows = []
+    temps, offsets = [], []
     for r in cycles.repeat.tolist():
-        temps = by_repeat.get(int(r))
-        if temps is None or len(temps) < gamma:
+        t, b = by_repeat.get(int(r), (None, None))
+        if t is None or len(t) < gamma:
             return None
-        rows.append(temps[:gamma])
-    return np.array(rows, dtype=np.float64)
+        temps.append(t[:gamma])
+        offsets.append(b[:gamma] if b is not None else (0.0,) * gamma)
+    return Calibration(np.array(temps, dtype=np.float64).reshape(-1, gamma),
+                       np.array(offsets, dtype=np.float64).reshape(-1, gamma))
+
+
+class Calibration(NamedTuple):
+    """A drafter's fitted calibration per cycle: STS temperatures and the level offsets beside them."""
+
+    temperatures: np.ndarray  # [cycles, γ]
+    offsets: np.ndarray  # [cycles, γ] (0: STS alone)
 
 
 class EceMeasure(NamedTuple):
@@ -137,16 +150,17 @@ class EceMeasure(NamedTuple):
     mean_gap: Interval  # mean of a − y, signed (`EceTable.mean_gap`), same bootstrap units
 
 
-def ece_with_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | None) -> EceMeasure:
+def ece_with_floor(cycles: gate_data.ConfidenceCycles, calibration: Calibration | None) -> EceMeasure:
     """ECE with its bootstrap interval, its floor for these confidences, the confidences observed, and their mean
-    gap a − y with its interval."""
+    gap a − y with its interval; `calibration` None: the raw confidences."""
     unit, num_units = _unit_index(cycles)
-    table = ece_table(cycles.logits, cycles.num_verified, cycles.num_accepted, unit, num_units, temperatures)
+    temps, offsets = calibration if calibration is not None else (None, None)
+    table = ece_table(cycles.logits, cycles.num_verified, cycles.num_accepted, unit, num_units, temps, offsets=offsets)
     n = int(table.counts.sum())
     if n == 0:
         return EceMeasure(Interval(None), float("nan"), 0, table, Interval(None))
-    return EceMeasure(_interval(table.ece, num_units), ece_floor(cycles, temperatures, unit, num_units), n, table,
-                      _interval(table.mean_gap, num_units))
+    return EceMeasure(_interval(table.ece, num_units), ece_floor(cycles, temps, unit, num_units, offsets=offsets), n,
+                      table, _interval(table.mean_gap, num_units))
 
 
 def ece_gain(raw: EceTable, calibrated: EceTable) -> Interval:
@@ -159,9 +173,9 @@ def ece_gain(raw: EceTable, calibrated: EceTable) -> Interval:
 
 
 def ece_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | None, unit: np.ndarray,
-              num_units: int, draws: int = FLOOR_DRAWS, seed: int = 0) -> float:
+              num_units: int, draws: int = FLOOR_DRAWS, seed: int = 0, *, offsets: np.ndarray | None = None) -> float:
     """Mean ECE when outcomes are drawn from the confidences themselves (module docstring)."""
-    survival = cumulative_survival(cycles.logits, temperatures)  # [cycles, γ]
+    survival = cumulative_survival(cycles.logits, temperatures, offsets)  # [cycles, γ]
     survival = np.where(np.isfinite(survival), survival, 0.0)
     previous = np.concatenate([np.ones((survival.shape[0], 1)), survival[:, :-1]], axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -172,7 +186,8 @@ def ece_floor(cycles: gate_data.ConfidenceCycles, temperatures: np.ndarray | Non
         accept = rng.random(conditional.shape) < conditional
         run = np.cumprod(accept, axis=1).sum(axis=1)  # accepted prefix length
         simulated = np.minimum(run, cycles.num_verified)
-        table: EceTable = ece_table(cycles.logits, cycles.num_verified, simulated, unit, num_units, temperatures)
+        table: EceTable = ece_table(cycles.logits, cycles.num_verified, simulated, unit, num_units, temperatures,
+                                    offsets=offsets)
         values.append(float(table.ece(np.ones((1, num_units)))[0]))
     return float(np.mean(values))
 
@@ -292,9 +307,9 @@ def card_rows(conn, run_id: str) -> list[CardRow]:
         cycles = _distinct_cycles(conn, run_id, cell.cell_id, replays)
         if cycles is not None:
             raw = ece_with_floor(cycles, None)
-            temps = _temperatures(cell, cycles)
-            if temps is not None:
-                cal = ece_with_floor(cycles, temps)
+            calibration = _calibration(cell, cycles)
+            if calibration is not None:
+                cal = ece_with_floor(cycles, calibration)
                 gain = ece_gain(raw.table, cal.table)
         ece_raw, floor_raw, gap_raw = _measured(raw)
         ece_cal, floor_cal, gap_cal = _measured(cal)
@@ -375,8 +390,8 @@ class PooledCalibration:
 
 def pooled_calibration(conn, run_id: str, temperature: float = 1.0, drafter: str = "dspark") -> PooledCalibration | None:
     """The cells' cycles concatenated (each cell's conversations its own bootstrap units, each cycle with its
-    own cell's STS temperatures) and measured as one cell; None without calibrated confidences."""
-    parts: list[tuple[str, gate_data.ConfidenceCycles, np.ndarray]] = []
+    own cell's calibration) and measured as one cell; None without calibrated confidences."""
+    parts: list[tuple[str, gate_data.ConfidenceCycles, Calibration]] = []
     tasks: list[str] = []
     replays = gate_data.replayed_rounds(conn, run_id)
     for cell in gate_data.cells(conn, run_id).values():
@@ -384,15 +399,15 @@ def pooled_calibration(conn, run_id: str, temperature: float = 1.0, drafter: str
         if not cell.ok_repeats or a["drafter"] != drafter or float(a["temperature"] or 0.0) != temperature:
             continue
         cycles = _distinct_cycles(conn, run_id, cell.cell_id, replays)
-        temps = None if cycles is None else _temperatures(cell, cycles)
-        if cycles is None or temps is None:
+        calibration = None if cycles is None else _calibration(cell, cycles)
+        if cycles is None or calibration is None:
             continue
-        parts.append((cell.cell_id, cycles, temps))
+        parts.append((cell.cell_id, cycles, calibration))
         tasks.append(a["task"])
     if not parts:
         return None
-    cycles, temps = _concatenated(parts)
-    raw, cal = ece_with_floor(cycles, None), ece_with_floor(cycles, temps)
+    cycles, calibration = _concatenated(parts)
+    raw, cal = ece_with_floor(cycles, None), ece_with_floor(cycles, calibration)
     return PooledCalibration(temperature, tuple(sorted(set(tasks), key=_task_rank)), len(parts), raw, cal,
                              ece_gain(raw.table, cal.table))
 
@@ -401,15 +416,15 @@ def _task_rank(task: str) -> tuple[int, str]:
     return (TASK_ORDER.index(task) if task in TASK_ORDER else len(TASK_ORDER), task)
 
 
-def _concatenated(parts: list[tuple[str, gate_data.ConfidenceCycles, np.ndarray]]
-                  ) -> tuple[gate_data.ConfidenceCycles, np.ndarray]:
+def _concatenated(parts: list[tuple[str, gate_data.ConfidenceCycles, Calibration]]
+                  ) -> tuple[gate_data.ConfidenceCycles, Calibration]:
     """Several cells' cycles as one: prompts and conversations named per cell, positions padded to the widest γ
-    (NaN logits, never observed; temperature 1)."""
+    (NaN logits, never observed; temperature 1, offset 0)."""
     gamma = max(c.logits.shape[1] for _, c, _ in parts)
     keys: list[str] = []
     units: list[str] = []
-    index, repeat, logits, verified, accepted, temps = [], [], [], [], [], []
-    for cell_id, c, t in parts:
+    index, repeat, logits, verified, accepted, temps, offsets = [], [], [], [], [], [], []
+    for cell_id, c, (t, b) in parts:
         width = gamma - c.logits.shape[1]
         index.append(c.prompt_index + len(keys))
         keys += [f"{cell_id}/{k}" for k in c.prompt_keys]
@@ -417,11 +432,12 @@ def _concatenated(parts: list[tuple[str, gate_data.ConfidenceCycles, np.ndarray]
         repeat.append(c.repeat)
         logits.append(np.pad(c.logits, ((0, 0), (0, width)), constant_values=np.nan))
         temps.append(np.pad(t, ((0, 0), (0, width)), constant_values=1.0))
+        offsets.append(np.pad(b, ((0, 0), (0, width)), constant_values=0.0))
         verified.append(c.num_verified)
         accepted.append(c.num_accepted)
     cycles = gate_data.ConfidenceCycles(tuple(keys), tuple(units), np.concatenate(index), np.concatenate(repeat),
                                         np.concatenate(logits), np.concatenate(verified), np.concatenate(accepted))
-    return cycles, np.concatenate(temps)
+    return cycles, Calibration(np.concatenate(temps), np.concatenate(offsets))
 
 
 def card_sections(rows: list[CardRow], pooled: PooledCalibration | None = None) -> list[str]:
@@ -450,7 +466,8 @@ def card_sections(rows: list[CardRow], pooled: PooledCalibration | None = None) 
         "## Calibration (95% intervals)",
         "",
         f"ECE over every draft position (each with its own {NUM_BINS} bins; the gate's `ece_raw` / `ece_calibrated`), raw and",
-        "after STS. Floor: the ECE a perfectly calibrated predictor would show on these confidences (sampling noise).",
+        "after the drafter's calibration (STS temperatures, and the level offsets fitted beside them where its build has",
+        "them). Floor: the ECE a perfectly calibrated predictor would show on these confidences (sampling noise).",
         "Gain: raw − calibrated with a paired interval (both on the same bootstrap draws); it judges the calibration.",
         "ECE is biased upwards by that noise, and resampling adds the bias again, so an ECE's bootstrap interval can",
         "lie wholly above its point: read it as conservative (the ≤ 2% goal is judged on it); in the paired gain the",
@@ -458,7 +475,8 @@ def card_sections(rows: list[CardRow], pooled: PooledCalibration | None = None) 
         "Mean gap: the mean of a − y over the same positions, signed (> 0: the confidences promise more acceptance than",
         "the verifier gives); |mean gap| ≤ ECE, and where the two are close the miscalibration is a level shift, not",
         "scatter. A temperature moves each σ(c / T) away from ½ (T < 1) or towards it (T > 1): it lowers the confidences",
-        "on one side of ½ only by raising those on the other, so STS removes a level shift only where they sit on one side.",
+        "on one side of ½ only by raising those on the other, so STS alone removes a level shift only where they sit on",
+        "one side; a level offset per position (σ(c / T + b), b fitted so the held-out set's mean matches) removes it.",
         "",
         "| task | T | backend | c | drafter | confidences | ECE raw | floor | mean gap raw | ECE calibrated | floor "
         "| mean gap calibrated | gain (paired) |",
@@ -475,8 +493,8 @@ def card_sections(rows: list[CardRow], pooled: PooledCalibration | None = None) 
                      f"{pooled.raw.confidences:,} | {pooled.raw.ece.text(3)} | {_num(pooled.raw.floor)} "
                      f"| {pooled.raw.mean_gap.text(3)} | {pooled.calibrated.ece.text(3)} | {_num(pooled.calibrated.floor)} "
                      f"| {pooled.calibrated.mean_gap.text(3)} | {pooled.gain.text(3)} |")
-        lines += ["", f"Pooled: one ECE over the {pooled.cells} cells' confidences together (each cell's own STS "
-                  "temperatures, conversations resampled across them), not a mean of their ECEs."]
+        lines += ["", f"Pooled: one ECE over the {pooled.cells} cells' confidences together (each cell's own "
+                  "calibration, conversations resampled across them), not a mean of their ECEs."]
     lines += [
         "",
         "## Speed",

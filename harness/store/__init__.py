@@ -29,7 +29,9 @@ monotonic clock, `*_at` naive UTC timestamps, JSON columns canonical JSON text):
     cells(run_id, cell_id, repeat PK, label, backend, target, drafter, method, num_drafts, task,
           temperature, concurrency, rate, policy, seed, params JSON, comparability_key, provenance JSON,
           status ok|failed, error, log, started_at, finished_at, window_start_s, window_end_s,
-          sts_temperatures JSON, resources JSON, gpu_seconds, cpu_seconds)   (the last three: schema 2)
+          sts_temperatures JSON, resources JSON, gpu_seconds, cpu_seconds,   (the last three: schema 2)
+          round_slot, sts_offsets JSON)   (round_slot: schema 5; sts_offsets: schema 8, NULL before it and for
+          a drafter calibrated by STS alone)
     superseded_cells(run_id, cell_id, repeat, error, log, started_at, finished_at, superseded_at)
     requests(run_id, cell_id, repeat, request_id, prompt_key, sample_index, turn, warmup, prompt_tokens,
              output_tokens, arrival_s, first_token_s, finish_s, finish_reason, error, num_drafts,

@@ -127,13 +127,14 @@ def build_result(cell_row: dict, tables: dict[str, list[dict]]) -> CellResult | 
         for r in tables["calibration_bins"]
     ]
     metrics = MetricSet({r["metric"]: Metric(r["value"], r["unit"], r["n"]) for r in tables["metrics"]})
-    sts = cell_row["sts_temperatures"]
+    sts, offsets = cell_row["sts_temperatures"], cell_row.get("sts_offsets")
     return CellResult(
         requests=requests,
         steps=engine_steps,
         window=MeasurementWindow(cell_row["window_start_s"], cell_row["window_end_s"]),
         provenance=json.loads(cell_row["provenance"]) if cell_row["provenance"] else {},
         sts_temperatures=tuple(json.loads(sts)) if sts else None,
+        sts_offsets=tuple(json.loads(offsets)) if offsets else None,
         metrics=metrics,
         calibration_bins=bins,
         log=cell_row["log"] or "",

@@ -131,6 +131,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     # sandwiched; v_speedup_summary is the median with the sign-test interval and adds ci_coverage,
     # sandwich_drift, unsteady_rounds (harness.metrics.speedup)
     (7, "ABA sandwich rounds: v_speedup over both plain passes; v_speedup_summary as median and sign interval", []),
+    (8, "level offsets of the drafter's calibration: cells.sts_offsets", [
+        # [γ] b_j of calibration.fit_sts_level, fitted with sts_temperatures: the calibrated ECE is of
+        # σ(c_j / T_j + b_j); NULL: none (STS alone, b_j = 0), and every row before v8
+        "ALTER TABLE cells ADD COLUMN sts_offsets JSON",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -182,6 +182,10 @@ class Store:
                 canonical_json(list(result.sts_temperatures))
                 if result is not None and result.sts_temperatures is not None else None
             ),
+            "sts_offsets": (
+                canonical_json(list(result.sts_offsets))
+                if result is not None and result.sts_offsets is not None else None
+            ),
             "resources": canonical_json(resources) if resources is not None else None,
             "gpu_seconds": gpu_seconds, "cpu_seconds": cpu_seconds, "round_slot": round_slot,
         }
@@ -311,12 +315,12 @@ class Store:
         return {(cell_id, repeat): status for cell_id, repeat, status in rows}
 
     def cell(self, run_id: str, cell_id: str, repeat: int) -> dict | None:
-        """The `cells` row as a dict (params, provenance, sts_temperatures decoded), or None."""
+        """The `cells` row as a dict (params, provenance, sts_temperatures, sts_offsets decoded), or None."""
         rows = self._dicts("SELECT * FROM cells WHERE run_id = ? AND cell_id = ? AND repeat = ?", [run_id, cell_id, repeat])
         if not rows:
             return None
         row = rows[0]
-        for name in ("params", "provenance", "sts_temperatures"):
+        for name in ("params", "provenance", "sts_temperatures", "sts_offsets"):
             row[name] = json.loads(row[name]) if row[name] is not None else None
         return row
 

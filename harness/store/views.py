@@ -14,7 +14,8 @@ without a migration (`migrations.py`) and a line in `VIEWS.md`.
                     `harness run --metadata KEY=VALUE`, schema 3; NULL: none)
     v_cells         one row per (run, cell, repeat): every column of `cells` but `log` and the cost
                     columns, then duration_s, git_branch, git_sha, host_fingerprint, run_started_at,
-                    run_kind, run_label, resources, gpu_seconds, cpu_seconds, round_slot
+                    run_kind, run_label, resources, gpu_seconds, cpu_seconds, round_slot, sts_offsets
+                    (the level offsets of the drafter's calibration, schema 8; NULL: STS alone)
     v_metrics       one row per metric value: run_id, started_at (the run's), git_branch, git_sha,
                     cell_id, repeat, label, backend, target, drafter, method, num_drafts, task,
                     temperature, concurrency, rate, policy, metric, value, unit, n, comparability_key,
@@ -96,6 +97,7 @@ from harness.metrics.speedup import (
 _CELL_KEY = "run_id, cell_id, repeat"
 _COST_COLUMNS = "resources, gpu_seconds, cpu_seconds"  # schema 2: after the columns v_cells had before
 _ROUND_COLUMNS = "round_slot"  # schema 3: after those
+_CALIBRATION_COLUMNS = "sts_offsets"  # schema 8: after those
 _SIGN_INDEX = [(n, sign_interval_index(n, CONFIDENCE)) for n in range(1, 501)]  # rounds → k of the sign interval
 
 VIEWS: dict[str, str] = {
@@ -111,9 +113,10 @@ VIEWS: dict[str, str] = {
         LEFT JOIN (SELECT run_id, count(*) AS benchmarks FROM benchmarks GROUP BY run_id) b USING (run_id)
     """,
     "v_cells": f"""
-        SELECT c.* EXCLUDE (log, {_COST_COLUMNS}, {_ROUND_COLUMNS}), epoch(c.finished_at - c.started_at) AS duration_s,
+        SELECT c.* EXCLUDE (log, {_COST_COLUMNS}, {_ROUND_COLUMNS}, {_CALIBRATION_COLUMNS}),
+               epoch(c.finished_at - c.started_at) AS duration_s,
                r.git_branch, r.git_sha, r.host_fingerprint, r.started_at AS run_started_at,
-               r.kind AS run_kind, r.label AS run_label, {_COST_COLUMNS}, {_ROUND_COLUMNS}
+               r.kind AS run_kind, r.label AS run_label, {_COST_COLUMNS}, {_ROUND_COLUMNS}, {_CALIBRATION_COLUMNS}
         FROM cells c JOIN runs r USING (run_id)
     """,
     "v_metrics": """

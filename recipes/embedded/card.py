@@ -85,11 +85,13 @@ def drafts_table(drafts: list[dict]) -> list[str]:
         "## Drafts",
         "",
         f"| draft | method | head | trainable params | train s | loss first → last | held-out loss | held-out α |{extra_head} "
-        "STS temperatures |",
+        "STS temperatures (level offsets) |",
         f"|---|---|---|---|---|---|---|---|{extra_rule}---|",
     ]
     for d in drafts:
+        offsets = d.get("sts_offsets") or {}
         temps = "; ".join(f"T={k}: " + ", ".join(f"{t:.2f}" for t in v)
+                          + (" (offsets " + ", ".join(f"{b:+.2f}" for b in offsets[k]) + ")" if k in offsets else "")
                           for k, v in (d["sts_temperatures"] or {}).items()) or "–"
         confidence = d.get("heldout_confidence")
         extra = ((" –" if confidence is None else f" {confidence:.3f}") + " |") if promised else ""

@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from dspark_core.calibration import fit_sts
+from dspark_core.calibration import fit_sts_level
 from dspark_core.checkpoint import save_draft
 from dspark_core.draft_vocabulary import choose_draft_vocabulary, coverage, token_counts
 from dspark_core.drafters import as_drafter, build_draft_model, draft_config_for
@@ -100,6 +100,7 @@ class DraftReport:
     heldout_loss: float
     heldout_acceptance: float  # mean analytic acceptance α at T = 1 on held-out sequences
     sts_temperatures: dict[str, list[float]] | None = None  # decoding temperature ("0", "1") → one per position
+    sts_offsets: dict[str, list[float]] | None = None  # the level offsets fitted with them (fit_sts_level), same keys
     draft_vocab_size: int | None = None  # None: the target's whole vocabulary
     draft_vocab_coverage: float | None = None  # share of held-out answer tokens inside the draft vocabulary
     # mean σ(c) of the confidence head on the held-out sequences, weighted as held-out α is: above α, the head
@@ -157,15 +158,19 @@ def build_cache(target: TargetModel, tokenizer, corpus: Corpus, preset: DraftPre
 STS_DECODING_TEMPERATURES = (0.0, 1.0)
 
 
-def fit_temperatures(target: TargetModel, model, tokenizer, corpus: Corpus, preset: DraftPreset, seed: int) -> dict[str, list[float]]:
-    """STS on held-out prompts, one fit per decoding temperature.
+def fit_calibration(target: TargetModel, model, tokenizer, corpus: Corpus, preset: DraftPreset, seed: int
+                    ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """STS temperatures and level offsets (`calibration.fit_sts_level`) on held-out prompts, one fit per decoding
+    temperature: ({T: temperatures}, {T: offsets}).
 
     The confidence head learns α at T = 1; greedy verification accepts more (exact match with the
-    argmax), so a single set of temperatures cannot calibrate both. Keyed by f"{T:g}"; a temperature
-    at which no verify step happened (every answer ended at its first token) has no entry.
+    argmax), so a single calibration cannot serve both. The offsets are what a temperature cannot do: the head
+    learned the acceptance of the draft's training answers, where the draft is better than on new text, so on
+    held-out text every position promises too much (a level shift). Keyed by f"{T:g}"; a temperature at which
+    no verify step happened (every answer ended at its first token) has no entry.
     """
     prompts = heldout_prompts(corpus, tokenizer, preset.sts_prompts_per_domain)
-    fitted = {}
+    fitted, offsets = {}, {}
     for temperature in STS_DECODING_TEMPERATURES:
         config = GenerationConfig(max_new_tokens=preset.max_new_tokens, num_drafts=preset.sts_gamma,
                                   temperature=temperature, stop_token_ids=stop_tokens(tokenizer))
@@ -173,8 +178,10 @@ def fit_temperatures(target: TargetModel, model, tokenizer, corpus: Corpus, pres
         table = confidence_table(results, preset.sts_gamma)
         if table is None:  # every answer ended at its first token: nothing to calibrate on
             continue
-        fitted[f"{temperature:g}"] = [float(t) for t in fit_sts(*table)]
-    return fitted
+        temps, levels = fit_sts_level(*table)
+        fitted[f"{temperature:g}"] = [float(t) for t in temps]
+        offsets[f"{temperature:g}"] = [float(b) for b in levels]
+    return fitted, offsets
 
 
 @dataclass
@@ -320,19 +327,20 @@ def build_drafts(inputs: DraftInputs, out_dir: str | Path, *, log: Callable[[str
             continue
         trained = train_one(inputs, d, train_cfg, p.draft_vocab_size)
         model, result, held = trained.model, trained.result, trained.heldout
-        temps = (fit_temperatures(inputs.target, model, inputs.tokenizer, inputs.corpus, p, seed)
-                 if inputs.configs[d.name].confidence_head else None)
+        temps, offsets = (fit_calibration(inputs.target, model, inputs.tokenizer, inputs.corpus, p, seed)
+                          if inputs.configs[d.name].confidence_head else (None, None))
         report = DraftReport(
             name=d.name, method=d.method, head=d.head,
             num_params_trainable=sum(t.numel() for t in model.parameters() if t.requires_grad),
             train_seconds=result.seconds, loss_first=result.losses[0], loss_last=result.losses[-1],
             heldout_loss=float(held.total), heldout_acceptance=float(held.acceptance), sts_temperatures=temps,
+            sts_offsets=offsets,
             draft_vocab_size=p.draft_vocab_size, draft_vocab_coverage=trained.vocab_coverage,
             heldout_confidence=trained.heldout_confidence,
         )
         # bf16 on disk and no embeddings (shared with the target): the committed build stays small.
         save_draft(model, Path(out_dir) / d.name, dtype=torch.bfloat16, share_target_embeddings=True,
-                   extra={"sts_temperatures": temps, "training": asdict(report),
+                   extra={"sts_temperatures": temps, "sts_offsets": offsets, "training": asdict(report),
                           "train_config": _jsonable(asdict(train_cfg))})
         promised = "" if report.heldout_confidence is None else f" (confidence head: {report.heldout_confidence:.3f})"
         log(f"{d.name}: loss {report.loss_first:.3f} → {report.loss_last:.3f}, held-out α {report.heldout_acceptance:.3f}"

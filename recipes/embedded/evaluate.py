@@ -10,7 +10,7 @@ answer, generated with the same drafter (lossless, so it is the target's answer)
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -90,6 +90,7 @@ def as_record(index: int, result: GenerationResult, gamma: int) -> RequestRecord
 def summarise(
     task: str, drafter: str, gamma: int, temperature: float, results: Sequence[GenerationResult], wall_s: float,
     temperatures: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
 ) -> Measurement:
     records = [as_record(i, r, gamma) for i, r in enumerate(results)]
     tau = acceptance.acceptance_length(records).value  # the harness's one definition (harness.metrics.acceptance)
@@ -102,7 +103,7 @@ def summarise(
     if conf is not None:
         ece_raw = expected_calibration_error(*conf).ece
         if temperatures is not None:
-            ece_cal = expected_calibration_error(*conf, temperatures=temperatures).ece
+            ece_cal = expected_calibration_error(*conf, temperatures=temperatures, offsets=offsets).ece
     return Measurement(
         task=task, drafter=drafter, gamma=gamma, temperature=temperature, num_prompts=len(results),
         num_steps=steps, output_tokens=output_tokens,
@@ -152,6 +153,7 @@ class Embedded:
     tokenizer: object
     drafters: dict[str, Drafter]
     sts_temperatures: dict[str, dict[str, torch.Tensor]]  # draft → decoding temperature f"{T:g}" → [γ]
+    sts_offsets: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # the level offsets, same keys
 
 
 def load_embedded(root: str | Path, drafter_names: Sequence[str] | None = None, *, target_dir: str | Path | None = None,
@@ -171,6 +173,7 @@ def load_embedded(root: str | Path, drafter_names: Sequence[str] | None = None, 
     names = list(drafter_names) if drafter_names is not None else ["none", "ngram", *available]
     drafters: dict[str, Drafter] = {}
     temps: dict[str, dict[str, torch.Tensor]] = {}
+    offsets: dict[str, dict[str, torch.Tensor]] = {}
     for name in names:
         if name in ("none", "ngram"):
             drafters[name] = build_drafter(name)
@@ -181,7 +184,8 @@ def load_embedded(root: str | Path, drafter_names: Sequence[str] | None = None, 
         drafters[name] = as_drafter(model)
         sts = model.config.extra.get("sts_temperatures") or {}
         temps[name] = {t: torch.tensor(v) for t, v in sts.items()}
-    return Embedded(target, tokenizer, drafters, temps)
+        offsets[name] = {t: torch.tensor(v) for t, v in (model.config.extra.get("sts_offsets") or {}).items()}
+    return Embedded(target, tokenizer, drafters, temps, offsets)
 
 
 def evaluate_embedded(root: str | Path, preset: EvalPreset, log=print, *, target_dir: str | Path | None = None,
@@ -199,7 +203,8 @@ def evaluate_embedded(root: str | Path, preset: EvalPreset, log=print, *, target
                     temperature=temperature, max_new_tokens=preset.max_new_tokens, seed=preset.seed,
                 )
                 sts = emb.sts_temperatures.get(name, {}).get(f"{temperature:g}")
-                m = summarise(task, name, preset.gamma, temperature, results, wall, sts)
+                levels = emb.sts_offsets.get(name, {}).get(f"{temperature:g}") if sts is not None else None
+                m = summarise(task, name, preset.gamma, temperature, results, wall, sts, levels)
                 log(f"{task:10s} T={temperature:g} {name:11s} τ={m.acceptance_length:.2f} "
                     f"tok/s={m.tokens_per_s:.0f} ECE={m.ece_raw} → {m.ece_calibrated}")
                 out.append(m)

@@ -11,6 +11,7 @@ from dspark_core.calibration import (
     default_sts_grid,
     expected_calibration_error,
     fit_sts,
+    fit_sts_level,
 )
 
 
@@ -357,3 +358,77 @@ def test_report_is_a_frozen_dataclass() -> None:
     assert isinstance(report, CalibrationReport)
     with pytest.raises(AttributeError):
         report.ece = 0.0  # type: ignore[misc]
+
+
+def _shifted(num_cycles: int, shifts: list[float], seed: int, factor: float = 1.0):
+    """Raw logits promise too much by a level shift per position: the true acceptance logit is raw / factor − shift
+    (the generalisation gap of a confidence head: every held-out position accepts less than it promises)."""
+    gamma = len(shifts)
+    gen = torch.Generator().manual_seed(seed)
+    raw = torch.randn(num_cycles, gamma, generator=gen, dtype=torch.float64) * 1.5 + 0.5
+    num_verified = torch.randint(1, gamma + 1, (num_cycles,), generator=gen)
+    truth = raw / factor - torch.tensor(shifts, dtype=torch.float64)
+    return raw, num_verified, _simulate(truth, num_verified, gen)
+
+
+def test_level_offsets_remove_a_shift_a_temperature_cannot() -> None:
+    shifts = [0.8, 0.5, 0.6, 0.4]
+    train, test = _shifted(20000, shifts, seed=11), _shifted(20000, shifts, seed=12)
+    temps, offsets = fit_sts_level(*train)
+    raw = expected_calibration_error(*test)
+    sts_only = expected_calibration_error(*test, temperatures=fit_sts(*train))
+    levelled = expected_calibration_error(*test, temperatures=temps, offsets=offsets)
+    assert raw.ece > 0.05
+    assert levelled.ece < 0.02
+    assert levelled.ece < 0.5 * sts_only.ece  # the temperature alone leaves most of the shift
+    assert levelled.brier < sts_only.brier
+    # Position 1 sees the truth directly: T near 1 and the offset near −shift.
+    assert offsets[0].item() == pytest.approx(-shifts[0], abs=0.15)
+    assert temps[0].item() == pytest.approx(1.0, rel=0.2)
+    # Order within a position is kept, survival decreases along the block.
+    scaled = test[0] / temps + offsets
+    assert torch.equal(torch.argsort(test[0], dim=0), torch.argsort(scaled, dim=0))
+    assert (cumulative_survival(test[0], temps, offsets).diff(dim=1) <= 0).all()
+
+
+def test_level_offsets_match_the_mean_on_the_fitted_set() -> None:
+    # Σ a_j = Σ y_j over the observed cycles of every position: the fit's defining equation, through the public report.
+    train = _shifted(5000, [0.6, 0.3, -0.4], seed=13, factor=1.7)
+    temps, offsets = fit_sts_level(*train)
+    survival = cumulative_survival(train[0], temps, offsets)
+    positions = torch.arange(1, 4)
+    observed = positions[None, :] <= train[1][:, None]
+    realised = (positions[None, :] <= train[2][:, None]).double()
+    for j in range(3):
+        rows = observed[:, j]
+        assert survival[rows, j].sum().item() == pytest.approx(realised[rows, j].sum().item(), abs=1e-6)
+    # Among the grid's temperatures, the fit has the least ECE at position 1, each with its matched offset.
+    grid = torch.tensor([0.5, 1.0, 1.7, 3.0], dtype=torch.float64)
+    t_small, b_small = fit_sts_level(*train, grid=grid)
+    eces = []
+    for t in grid.tolist():
+        t1, b1 = fit_sts_level(train[0][:, :1], train[1].clamp(max=1), train[2].clamp(max=1),
+                               grid=torch.tensor([t], dtype=torch.float64))
+        eces.append(expected_calibration_error(train[0][:, :1], train[1].clamp(max=1), train[2].clamp(max=1),
+                                               temperatures=t1, offsets=b1).ece)
+    assert t_small[0].item() == grid[int(np.argmin(eces))].item()
+
+
+def test_level_offsets_leave_calibrated_confidences_and_unobserved_positions_alone() -> None:
+    conf_logits, _, gen = _random_cycles(30000, 4, seed=14)
+    num_verified = torch.randint(0, 3, (30000,), generator=gen)  # positions 3, 4 never verified
+    num_accepted = _simulate(conf_logits, num_verified, gen)
+    temps, offsets = fit_sts_level(conf_logits, num_verified, num_accepted)
+    assert temps[2:].tolist() == [1.0, 1.0] and offsets[2:].tolist() == [0.0, 0.0]
+    assert offsets[:2].abs().max().item() < 0.1  # nothing to shift
+
+
+def test_cumulative_survival_with_offsets_is_the_product() -> None:
+    conf_logits = torch.tensor([[0.0, 1.0, -2.0]], dtype=torch.float64)
+    temps, offsets = torch.tensor([1.0, 2.0, 0.5]), torch.tensor([0.3, -0.2, 0.0])
+    expected = torch.sigmoid(conf_logits / temps + offsets).cumprod(dim=1)
+    assert torch.allclose(cumulative_survival(conf_logits, temps, offsets), expected)
+    report = expected_calibration_error(conf_logits, torch.tensor([3]), torch.tensor([1]), temperatures=temps,
+                                        offsets=offsets)
+    assert report.bin_mean_predicted[0][~torch.isnan(report.bin_mean_predicted[0])].item() == pytest.approx(
+        expected[0, 0].item())

@@ -308,6 +308,12 @@ def test_threshold_policy():
         ConfidenceThreshold(0.5, temperatures=temps, calibrator=OnlineCalibrator(3))
     with pytest.raises(ValueError, match="3 temperatures for γ=4"):
         ConfidenceThreshold(0.5, temperatures=temps).choose(proposal_of([[0.5] * 4]), None)
+    # A level offset moves every confidence of its position: b_2 = −1 drops row 2's σ(logit(0.7) − 1) = 0.46 < 0.5.
+    offsets = torch.tensor([0.0, -1.0, 0.0])
+    assert ConfidenceThreshold(0.5, temperatures=torch.ones(3), offsets=offsets).choose(
+        proposal_of(conf), None).tolist() == [1, 1]
+    with pytest.raises(ValueError, match="come with the STS temperatures"):
+        ConfidenceThreshold(0.5, offsets=offsets)
     no_conf = DraftProposal(torch.zeros(1, 3, dtype=torch.long), None, None)
     with pytest.raises(ValueError, match="needs confidences"):
         PrefixScheduler(STAIRS).choose(no_conf, None)

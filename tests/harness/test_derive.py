@@ -27,6 +27,21 @@ def _raw(seed: int = 0):
     return replace(make_result(seed), metrics={}, calibration_bins=[])
 
 
+def test_the_calibrated_ece_applies_the_level_offsets_and_the_raw_one_does_not():
+    raw = _raw()
+    gamma = len(raw.sts_temperatures)
+    shifted = replace(raw, sts_offsets=tuple(-0.7 for _ in range(gamma)))
+    plain_sts, levelled = derive(_cell(), raw), derive(_cell(), shifted)
+    assert levelled.metrics.value("ece_raw") == plain_sts.metrics.value("ece_raw")
+    assert levelled.metrics.value("ece_calibrated") != plain_sts.metrics.value("ece_calibrated")
+    records = [r.record for r in raw.requests]
+    expected = summarise(records, raw.steps, raw.window, temperatures=raw.sts_temperatures, offsets=shifted.sts_offsets)
+    assert levelled.metrics.value("ece_calibrated") == expected.value("ece_calibrated")
+    inside = [r for r in records if not r.failed and raw.window.contains(r.finish_s)]
+    assert [tuple(vars(b).values()) for b in levelled.calibration_bins] == reliability_bins(
+        inside, raw.sts_temperatures, offsets=shifted.sts_offsets)
+
+
 def test_derive_is_summarise_and_the_reliability_bins_of_the_records():
     raw = _raw()
     got = derive(_cell(), raw)

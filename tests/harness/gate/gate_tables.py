@@ -29,7 +29,7 @@ TABLES = [
         drafter VARCHAR, method VARCHAR, num_drafts INTEGER, task VARCHAR, temperature DOUBLE,
         concurrency INTEGER, rate DOUBLE, policy VARCHAR, seed BIGINT, params JSON, comparability_key VARCHAR,
         provenance JSON, status VARCHAR, error VARCHAR, window_start_s DOUBLE, window_end_s DOUBLE,
-        sts_temperatures JSON, started_at TIMESTAMP, finished_at TIMESTAMP
+        sts_temperatures JSON, started_at TIMESTAMP, finished_at TIMESTAMP, sts_offsets JSON
     )""",
     """CREATE TABLE requests (
         run_id VARCHAR, cell_id VARCHAR, "repeat" INTEGER, request_id VARCHAR, prompt_key VARCHAR,

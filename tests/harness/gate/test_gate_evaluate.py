@@ -259,6 +259,24 @@ def test_calibrated_ece_uses_each_runs_own_temperatures(store):
     assert by(report, "ece_calibrated").verdict == "regression"
 
 
+def test_calibrated_ece_applies_each_runs_level_offsets(store):
+    torch = pytest.importorskip("torch")
+    from dspark_core.calibration import expected_calibration_error
+    from harness.gate import data
+
+    copy_run(store, "base", "cand")
+    store.execute("UPDATE cells SET sts_offsets = '[-0.5,-0.5,-0.5,-0.5,-0.5,-0.5,-0.5]' WHERE run_id = 'cand'"
+                  " AND method <> 'none'")
+    report = run_gate((store, "cand"), (store, "base"), RULES)
+    assert by(report, "ece_raw").estimate.effect == 0
+    cycles = data.confidence_cycles(store, "cand", DSPARK.cell_id)
+    args = (torch.tensor(cycles.logits), torch.tensor(cycles.num_verified), torch.tensor(cycles.num_accepted))
+    temps = torch.full((7,), 1.6, dtype=torch.float64)
+    shifted = expected_calibration_error(*args, temperatures=temps, offsets=torch.full((7,), -0.5, dtype=torch.float64))
+    assert by(report, "ece_calibrated").estimate.candidate == pytest.approx(shifted.ece, rel=1e-12)
+    assert shifted.ece != pytest.approx(expected_calibration_error(*args, temperatures=temps).ece, rel=1e-3)
+
+
 def test_gate_ece_equals_dspark_core_on_the_stored_rows(store):
     torch = pytest.importorskip("torch")
     from dspark_core.calibration import expected_calibration_error

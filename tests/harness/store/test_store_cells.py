@@ -48,6 +48,20 @@ def test_run_lifecycle_and_stamps(store):
     assert store.run("r-nope") is None
 
 
+def test_round_trip_of_the_level_offsets(store):
+    from dataclasses import replace
+
+    run_id = store.begin_run(run_info())
+    cell = make_cell()
+    result = make_result(seed=1)
+    levelled = replace(result, sts_offsets=tuple(-0.25 * (j + 1) for j in range(len(result.sts_temperatures))))
+    record(store, run_id, cell, result=levelled, key="k")
+    assert store.cell_result(run_id, cell.cell_id, 0) == levelled
+    assert store.cell(run_id, cell.cell_id, 0)["sts_offsets"] == list(levelled.sts_offsets)
+    columns, rows = store.query("SELECT * FROM v_cells")
+    assert columns[-1] == "sts_offsets" and json.loads(rows[0][-1]) == list(levelled.sts_offsets)
+
+
 def test_round_trip_of_a_cell_result(store):
     run_id = store.begin_run(run_info())
     cell = make_cell()

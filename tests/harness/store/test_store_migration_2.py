@@ -84,4 +84,5 @@ def test_the_schema_1_ci_baseline_still_imports(tmp_path):
             assert store.query(f"SELECT count(*) FROM {table}")[1] == [(len(document["tables"][table]["rows"]),)]
         again = json.loads(export_run(store, run_id, tmp_path / "again.json").read_text(encoding="utf-8"))
         assert again["schema_version"] == SCHEMA_VERSION
-        assert again["tables"]["cells"]["columns"][-4:] == ["resources", "gpu_seconds", "cpu_seconds", "round_slot"]
+        assert again["tables"]["cells"]["columns"][-5:] == ["resources", "gpu_seconds", "cpu_seconds", "round_slot",
+                                                            "sts_offsets"]
