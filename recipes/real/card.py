@@ -69,6 +69,16 @@ def measured_line(data: dict, run_id: str) -> str:
             f"`{data.get('build_card_run', '?')}`.")
 
 
+def refit_lines(data: dict) -> list[str]:
+    """Where the drafts' calibration was fitted again after the build (`recipes.real.calibrate`), said once."""
+    refit = data.get("calibration_refit")
+    if not refit:
+        return []
+    return ["", f"The calibration of {', '.join(refit['drafts'])} (the STS temperatures and level offsets in the "
+            f"Drafts table) was fitted again on the built weights by `python -m recipes.real.calibrate` (torch "
+            f"{refit.get('torch', '?')}, CPU {refit.get('cpu', '?')}): the build's own fit, on its held-out prompts."]
+
+
 def write_card(root: str | Path, db: str | Path | None = None, run_id: str | None = None) -> Path:
     """Render root/MODEL_CARD.md and root/card.json from root/build.json and the card run in `db`."""
     from harness.store import Store
@@ -79,7 +89,7 @@ def write_card(root: str | Path, db: str | Path | None = None, run_id: str | Non
     with Store.open(db or root / "card.duckdb", read_only=True) as store:
         rows = card_rows(store.con, run_id)
         pooled = pooled_calibration(store.con, run_id, temperature=1.0)
-    lines = (header_lines(data["build"], data["drafts"]) + ["", measured_line(data, run_id), ""]
+    lines = (header_lines(data["build"], data["drafts"]) + ["", measured_line(data, run_id), *refit_lines(data), ""]
              + card_sections(rows, pooled))
     (root / "card.json").write_text(card_json(rows, pooled))
     path = root / "MODEL_CARD.md"

@@ -129,3 +129,17 @@ def test_the_command_judges_against_the_old_card_and_names_what_is_missing(built
     (tmp_path / "empty").mkdir()
     assert main([str(tmp_path / "empty")]) == 2
     assert "card.yaml: missing; a card is measured on a build's drafts" in capsys.readouterr().err
+
+
+def test_a_refitted_calibration_is_said_on_the_card_and_needs_a_build(built, tmp_path, capsys):
+    from recipes.real.calibrate import main as calibrate_main
+
+    root, _ = built
+    data = json.loads((root / "build.json").read_text())
+    data["calibration_refit"] = {"drafts": ["dspark"], "torch": "2.13.0", "cpu": "AVX512"}
+    (root / "build.json").write_text(json.dumps(data))
+    write_card(root)
+    assert "The calibration of dspark (the STS temperatures and level offsets" in (root / "MODEL_CARD.md").read_text()
+    (tmp_path / "empty").mkdir()
+    assert calibrate_main([str(tmp_path / "empty")]) == 2
+    assert "build.json: missing; a calibration is fitted on a build's drafts" in capsys.readouterr().err

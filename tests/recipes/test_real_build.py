@@ -80,6 +80,19 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
         assert model.config.draft_vocab_size == PRESETS["reduced"].drafts.draft_vocab_size
     dspark = json.loads((out / "drafts" / "dspark" / "draft_config.json").read_text())
     assert dspark["extra"]["sts_temperatures"]  # fitted per decoding temperature
+    assert dspark["extra"]["sts_offsets"].keys() == dspark["extra"]["sts_temperatures"].keys()  # with level offsets
+    # Refitting the calibration of the built drafts (recipes.real.calibrate) is the build's own fit: the same
+    # draft_config.json, byte for byte, and the weights untouched.
+    from recipes.real.calibrate import recalibrate
+
+    config_path = out / "drafts" / "dspark" / "draft_config.json"
+    before = {p.name: p.read_bytes() for p in (out / "drafts" / "dspark").iterdir()}
+    try:
+        refitted = recalibrate(out, data_dir=str(data_dir), num_threads=1, log=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
+    assert set(refitted) == {"dspark"}  # the only draft with a confidence head
+    assert {p.name: p.read_bytes() for p in (out / "drafts" / "dspark").iterdir()} == before, config_path
     promised = {d["name"]: d["heldout_confidence"] for d in summary["drafts"]}
     assert 0.0 < promised["dspark"] < 1.0 and promised["dflash"] is None and promised["eagle3"] is None
     card = json.loads((out / "card.json").read_text())  # measured by the card suite's harness run
