@@ -299,18 +299,12 @@ def fit_sts_level(
         rows = observed[:, j].nonzero(as_tuple=True)[0]  # [N_j]
         if rows.numel() > 0:
             outcome = realised[rows, j].double()  # [N_j]
-            ece = torch.empty(grid.numel(), dtype=torch.float64)
-            matched = torch.empty(grid.numel(), dtype=torch.float64)
-            for start in range(0, grid.numel(), grid_chunk):
-                temps = grid[start : start + grid_chunk]  # [G]
-                scaled = logits[rows, j][None, :] / temps[:, None]  # [G, N_j]
-                b = _matching_offsets(scaled, prefix[rows], float(outcome.sum()))  # [G]
-                predicted = prefix[rows][None, :] * torch.sigmoid(scaled + b[:, None])  # [G, N_j]
-                num_g = temps.numel()
-                group = torch.arange(num_g).repeat_interleave(rows.numel())
-                _, pred_sums, real_sums = _bin_sums(predicted.reshape(-1), outcome.repeat(num_g), group, num_g, num_bins)
-                ece[start : start + num_g] = (pred_sums - real_sums).abs().sum(dim=1) / rows.numel()
-                matched[start : start + num_g] = b
+            matched = torch.cat([  # [num_grid]: each temperature's offset
+                _matching_offsets(logits[rows, j][None, :] / grid[start : start + grid_chunk, None], prefix[rows],
+                                  float(outcome.sum()))
+                for start in range(0, grid.numel(), grid_chunk)
+            ])
+            ece = _grid_ece(logits[rows, j], prefix[rows], outcome, grid, num_bins, grid_chunk, offsets=matched)
             best = int((ece <= ece.min() + 1e-12).nonzero()[0])
             temperatures[j], offsets[j] = grid[best], matched[best]
         # Same operations as cumulative_survival, so the report reproduces the fitted ECE bit for bit.
@@ -332,18 +326,23 @@ def _matching_offsets(scaled: Tensor, prefix: Tensor, target: float, iterations:
 
 
 def _grid_ece(
-    logits: Tensor, prefix: Tensor, outcome: Tensor, grid: Tensor, num_bins: int, grid_chunk: int
+    logits: Tensor, prefix: Tensor, outcome: Tensor, grid: Tensor, num_bins: int, grid_chunk: int,
+    offsets: Tensor | None = None,
 ) -> Tensor:
-    """ECE of prefix * sigmoid(logits / T) for every T in grid; chunked to bound memory.
+    """ECE of prefix * sigmoid(logits / T + b) for every T in grid (b: its entry of `offsets`, else 0); chunked
+    to bound memory.
 
-    logits, prefix, outcome: [N]; grid: [num_grid]; returns [num_grid] float64.
+    logits, prefix, outcome: [N]; grid, offsets: [num_grid]; returns [num_grid] float64.
     """
     n = logits.numel()
     out = torch.empty(grid.numel(), dtype=torch.float64)
     for start in range(0, grid.numel(), grid_chunk):
         temps = grid[start : start + grid_chunk]  # [G]
         num_g = temps.numel()
-        predicted = prefix[None, :] * torch.sigmoid(logits[None, :] / temps[:, None])  # [G, N]
+        scaled = logits[None, :] / temps[:, None]  # [G, N]
+        if offsets is not None:
+            scaled = scaled + offsets[start : start + num_g, None]
+        predicted = prefix[None, :] * torch.sigmoid(scaled)  # [G, N]
         group = torch.arange(num_g).repeat_interleave(n)  # [G * N]
         _, pred_sums, real_sums = _bin_sums(
             predicted.reshape(-1), outcome.repeat(num_g), group, num_g, num_bins

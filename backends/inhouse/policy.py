@@ -24,8 +24,9 @@ def build_policy(spec: PolicySpec, plain: bool, num_drafts: int, target, drafter
     """(the dspark_core policy, a note) for `spec`; None verifies every draft (plain decoding, `full`).
 
     `target` is a `build.LoadedTarget` (its `tables` cache what was profiled), `temperatures` the drafter's
-    STS temperatures [γ] or None (`offsets`: the level offsets fitted with them, or None), `drafter_key` what identifies the drafter in that cache, `rows` the most
-    requests a step decodes (the step-cost table covers batch sizes up to it, rounded up to a power of two)."""
+    STS temperatures [γ] or None (`offsets`: the level offsets fitted with them, or None), `drafter_key` what
+    identifies the drafter in that cache, `rows` the most requests a step decodes (the step-cost table covers
+    batch sizes up to it, rounded up to a power of two)."""
     from dspark_core import scheduler
 
     temps = torch.tensor(temperatures[:num_drafts], dtype=torch.float64) if temperatures else None

@@ -85,7 +85,8 @@ def calibration_reports(records: Sequence[RequestRecord], temperatures=None, num
 def calibration_metrics(records: Sequence[RequestRecord], temperatures=None, num_bins: int = 20, *,
                         offsets=None) -> dict[str, Metric]:
     """`ece_raw`, `brier_raw` and per position `ece_position_raw_k<j>` (n = observed cycles), and the same
-    with `calibrated` when STS temperatures (and their level offsets, if any) are given. ECE and Brier are fractions (0 … 1), not percent."""
+    with `calibrated` when STS temperatures (and their level offsets, if any) are given. ECE and Brier are
+    fractions (0 … 1), not percent."""
     reports = calibration_reports(records, temperatures, num_bins, offsets=offsets)
     if reports is None:
         return {}

@@ -26,8 +26,9 @@ def summarise(
     `records`/`steps` may cover the whole run: the window rule selects (requests by finish time, steps
     by end time; warm-up lies before `window.start_s`). `sla` adds goodput and attainment; `plain`, the
     MetricSet of plain decoding measured in the same run, adds the speedups; `temperatures` (STS T_j,
-    [γ], with `offsets` b_j where the draft's fit has them) adds the calibrated ECE. Metrics that need data the records lack (no token times, no
-    confidences, no steps) are left out; metrics with an empty population are present with value None.
+    [γ], with `offsets` b_j where the draft's fit has them) adds the calibrated ECE. Metrics that need data
+    the records lack (no token times, no confidences, no steps) are left out; metrics with an empty
+    population are present with value None.
     """
     inside = requests_in(records, window)
     ok = succeeded(inside)

@@ -3,8 +3,7 @@
     python -m recipes.real.calibrate models/smollm2-135m      # then: python -m recipes.real.card models/smollm2-135m
 
 For drafts built before the build fitted level offsets (`dspark_core.calibration.fit_sts_level`), or whose
-calibration is stale because the engine's roundings moved: retraining (≈ 75 min) changes nothing a calibration
-needs. It runs the build's own fit (`recipes.embedded.drafts.fit_calibration`: the same held-out prompts, seed,
+calibration is stale because the engine's roundings moved, retraining (≈ 75 min) is not needed. It runs the build's own fit (`recipes.embedded.drafts.fit_calibration`: the same held-out prompts, seed,
 γ and answer length as the build's preset) on every draft with a confidence head and rewrites only its
 `draft_config.json` (the temperatures and offsets in `extra`, and in the draft's training record) and the
 build's record of it in `build.json`. The card is then stale: measure it again with `recipes.real.card`.
