@@ -234,29 +234,7 @@ def fit_sts(
 
     Returns temperatures [gamma] float64 (CPU) for `cumulative_survival` / `expected_calibration_error`.
     """
-    _check_inputs(conf_logits, num_verified, num_accepted)
-    grid = default_sts_grid() if grid is None else grid.double().cpu()
-    if grid.dim() != 1 or grid.numel() == 0 or (grid <= 0).any():
-        raise ValueError("grid must be a non-empty 1-D tensor of positive temperatures")
-    # Preference order for ties: closest to 1 first; a stable argmin over this order breaks ties.
-    grid = grid[torch.argsort(grid.log().abs(), stable=True)]  # [num_grid]
-
-    logits = conf_logits.detach().double().cpu()  # [num_cycles, gamma]
-    num_cycles, gamma = logits.shape
-    observed, realised = _observed_and_realised(num_verified.cpu(), num_accepted.cpu(), gamma)
-    temperatures = torch.ones(gamma, dtype=torch.float64)
-    prefix = torch.ones(num_cycles, dtype=torch.float64)  # [num_cycles]: a_{j-1} with fitted T
-    for j in range(gamma):
-        rows = observed[:, j].nonzero(as_tuple=True)[0]  # [N_j]
-        if rows.numel() > 0:
-            outcome = realised[rows, j].double()  # [N_j]
-            ece = _grid_ece(logits[rows, j], prefix[rows], outcome, grid, num_bins, grid_chunk)  # [num_grid]
-            # First (closest to 1) within 1e-12 of the minimum, so float noise cannot beat the tie-break.
-            best = int((ece <= ece.min() + 1e-12).nonzero()[0])
-            temperatures[j] = grid[best]
-        # Same operations as cumulative_survival, so the report reproduces the fitted ECE bit for bit.
-        prefix = prefix * torch.sigmoid(logits[:, j] / temperatures[j])
-    return temperatures
+    return _fit_sequential(conf_logits, num_verified, num_accepted, grid, num_bins, grid_chunk, match_level=False)[0]
 
 
 MAX_LEVEL_OFFSET = 8.0  # |b_j| bound of `fit_sts_level`: σ(±8) ≈ 0.9997 / 0.0003, past any useful confidence
@@ -278,17 +256,25 @@ def fit_sts_level(
     draft is better than on new text: every held-out position then promises too much). Here, for each T_j
     of the grid, b_j is the offset that makes the fitted set's mean predicted survival at j equal its
     observed survival rate (Σ a_j = Σ y_j over the observed cycles; bisection, |b_j| ≤ MAX_LEVEL_OFFSET),
-    and T_j is the grid's temperature whose matched curve has the least ECE, ties to the T closest to 1.
-    The mean match is one smooth equation per candidate, so the fit adds a parameter without adding a
-    second non-smooth search. Order within a position is kept (T_j > 0) and a_j stays non-increasing.
+    and T_j is the grid's temperature whose matched curve has the least ECE, ties to the T closest to 1 as
+    in `fit_sts`. The mean match is one smooth equation per candidate, so the fit adds a parameter without
+    adding a second non-smooth search. Order within a position is kept (T_j > 0) and a_j stays non-increasing.
 
     Returns (temperatures [gamma], offsets [gamma]) float64 (CPU); positions never observed keep (1, 0).
     """
+    return _fit_sequential(conf_logits, num_verified, num_accepted, grid, num_bins, grid_chunk, match_level=True)
+
+
+def _fit_sequential(conf_logits: Tensor, num_verified: Tensor, num_accepted: Tensor, grid: Tensor | None,
+                    num_bins: int, grid_chunk: int, *, match_level: bool) -> tuple[Tensor, Tensor]:
+    """`fit_sts` (offsets stay 0) and `fit_sts_level` (each candidate T with its matched offset): (T, b) [gamma]."""
     _check_inputs(conf_logits, num_verified, num_accepted)
     grid = default_sts_grid() if grid is None else grid.double().cpu()
     if grid.dim() != 1 or grid.numel() == 0 or (grid <= 0).any():
         raise ValueError("grid must be a non-empty 1-D tensor of positive temperatures")
-    grid = grid[torch.argsort(grid.log().abs(), stable=True)]  # ties go to the T closest to 1
+    # Preference order for ties: closest to 1 first; a stable argmin over this order breaks ties.
+    grid = grid[torch.argsort(grid.log().abs(), stable=True)]  # [num_grid]
+
     logits = conf_logits.detach().double().cpu()  # [num_cycles, gamma]
     num_cycles, gamma = logits.shape
     observed, realised = _observed_and_realised(num_verified.cpu(), num_accepted.cpu(), gamma)
@@ -299,16 +285,22 @@ def fit_sts_level(
         rows = observed[:, j].nonzero(as_tuple=True)[0]  # [N_j]
         if rows.numel() > 0:
             outcome = realised[rows, j].double()  # [N_j]
-            matched = torch.cat([  # [num_grid]: each temperature's offset
-                _matching_offsets(logits[rows, j][None, :] / grid[start : start + grid_chunk, None], prefix[rows],
-                                  float(outcome.sum()))
-                for start in range(0, grid.numel(), grid_chunk)
-            ])
+            matched = None
+            if match_level:
+                matched = torch.cat([  # [num_grid]: each temperature's offset
+                    _matching_offsets(logits[rows, j][None, :] / grid[start : start + grid_chunk, None], prefix[rows],
+                                      float(outcome.sum()))
+                    for start in range(0, grid.numel(), grid_chunk)
+                ])
             ece = _grid_ece(logits[rows, j], prefix[rows], outcome, grid, num_bins, grid_chunk, offsets=matched)
+            # First (closest to 1) within 1e-12 of the minimum, so float noise cannot beat the tie-break.
             best = int((ece <= ece.min() + 1e-12).nonzero()[0])
-            temperatures[j], offsets[j] = grid[best], matched[best]
+            temperatures[j] = grid[best]
+            if matched is not None:
+                offsets[j] = matched[best]
         # Same operations as cumulative_survival, so the report reproduces the fitted ECE bit for bit.
-        prefix = prefix * torch.sigmoid(logits[:, j] / temperatures[j] + offsets[j])
+        scaled = logits[:, j] / temperatures[j]
+        prefix = prefix * torch.sigmoid(scaled + offsets[j] if match_level else scaled)
     return temperatures, offsets
 
 
