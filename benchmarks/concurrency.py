@@ -77,8 +77,8 @@ def sts_for(emb, drafter: str, temperature: float) -> torch.Tensor | None:
 
 
 def offsets_for(emb, drafter: str, temperature: float) -> torch.Tensor | None:
-    """The level offsets fitted beside the draft's temperatures, or None (STS alone, or no calibration)."""
-    return emb.sts_offsets.get(drafter, {}).get(f"{temperature:g}") if sts_for(emb, drafter, temperature) is not None else None
+    """The level offsets fitted beside the draft's temperatures, or None (STS alone)."""
+    return emb.sts_offsets.get(drafter, {}).get(f"{temperature:g}")
 
 
 def make_policy(variant: str, emb, sps, temperature: float, drafter: str = "dspark", costs=None):
@@ -90,12 +90,13 @@ def make_policy(variant: str, emb, sps, temperature: float, drafter: str = "dspa
     if variant.startswith("static"):
         return int(variant.removeprefix("static")), None
     temps = sts_for(emb, drafter, temperature)
+    offsets = offsets_for(emb, drafter, temperature) if temps is not None else None  # they come with temperatures
     if variant == "prefix":
-        return 7, PrefixScheduler(sps, temperatures=temps, offsets=offsets_for(emb, drafter, temperature))
+        return 7, PrefixScheduler(sps, temperatures=temps, offsets=offsets)
     if variant == "adaptive":
         from dspark_core.scheduler import CostAwareScheduler
 
-        return 7, CostAwareScheduler(costs, temperatures=temps, offsets=offsets_for(emb, drafter, temperature))
+        return 7, CostAwareScheduler(costs, temperatures=temps, offsets=offsets)
     raise ValueError(f"unknown variant {variant!r}: plain, static<γ>, {', '.join(SCHEDULERS)}")
 
 
