@@ -22,6 +22,7 @@ from dspark_core.calibration import fit_sts_level
 from dspark_core.checkpoint import save_draft
 from dspark_core.draft_vocabulary import choose_draft_vocabulary, coverage, token_counts
 from dspark_core.drafters import as_drafter, build_draft_model, draft_config_for
+from dspark_core.drafters.config import DraftConfig
 from dspark_core.drafters.dspark import DSparkModel
 from dspark_core.drafters.eagle3 import Eagle3Model
 from dspark_core.generate import GenerationConfig, generate
@@ -200,6 +201,7 @@ class DraftInputs:
     seed: int
     drafts: tuple[DraftSpec, ...]
     work_dir: Path | None  # where the caches are kept; a build with one also keeps the drafts it already wrote
+    cache_key: str = ""  # `_cache_key` of the caches: a kept draft must have trained on these very caches
     vocabularies: dict = field(default_factory=dict)  # draft vocabulary size → (token ids, held-out coverage)
 
     def check_vocabulary(self, size: int | None) -> None:
@@ -270,7 +272,7 @@ def draft_inputs(
     log(f"target cache: {len(cache)} sequences, {sum(s.num_tokens for s in cache.sequences)} tokens "
         f"in {time.perf_counter() - start:.0f} s")
     return DraftInputs(target, tokenizer, corpus, p, configs, cache, heldout, seed, drafts,
-                       None if work_dir is None else Path(work_dir))
+                       None if work_dir is None else Path(work_dir), cache_key=key)
 
 
 @dataclass
@@ -309,8 +311,8 @@ def build_drafts(inputs: DraftInputs, out_dir: str | Path, *, log: Callable[[str
     """Train every draft of `inputs` (from `draft_inputs`) and write each to `out_dir/<name>`.
 
     With a `work_dir` given to `draft_inputs`, the build resumes: the target caches are kept there (keyed by
-    everything that makes them), and a draft already in `out_dir` with the same training config is kept, not
-    retrained. A real target's build can outlast a working session (its card alone takes 30–75 min on 2 cores;
+    everything that makes them), and a draft already in `out_dir` of the same shape, trained with the same config
+    on these same caches, is kept, not retrained. A real target's build can outlast a working session (its card alone takes 30–75 min on 2 cores;
     the cache took 45 min in fp32 on shared AVX2 cores, 4 min in bf16 on AMX ones), and losing it to an
     interruption costs the whole build again."""
     p, seed, train_cfg = inputs.preset, inputs.seed, replace(inputs.preset.train, seed=inputs.seed)
@@ -320,7 +322,9 @@ def build_drafts(inputs: DraftInputs, out_dir: str | Path, *, log: Callable[[str
             f"{100 * vocab_coverage:.2f}% of held-out answer tokens")
     reports = []
     for d in inputs.drafts:
-        kept = _kept_draft(Path(out_dir) / d.name, train_cfg, p.draft_vocab_size) if inputs.work_dir is not None else None
+        shape = replace(inputs.configs[d.name], draft_vocab_size=p.draft_vocab_size)  # what `train_one` builds
+        kept = (_kept_draft(Path(out_dir) / d.name, train_cfg, p.draft_vocab_size, architecture=shape,
+                            cache_key=inputs.cache_key) if inputs.work_dir is not None else None)
         if kept is not None:
             log(f"{d.name}: kept from an earlier run of this build ({Path(out_dir) / d.name})")
             reports.append(kept)
@@ -341,7 +345,7 @@ def build_drafts(inputs: DraftInputs, out_dir: str | Path, *, log: Callable[[str
         # bf16 on disk and no embeddings (shared with the target): the committed build stays small.
         save_draft(model, Path(out_dir) / d.name, dtype=torch.bfloat16, share_target_embeddings=True,
                    extra={"sts_temperatures": temps, "sts_offsets": offsets, "training": asdict(report),
-                          "train_config": _jsonable(asdict(train_cfg))})
+                          "train_config": _jsonable(asdict(train_cfg)), "target_cache": inputs.cache_key})
         promised = "" if report.heldout_confidence is None else f" (confidence head: {report.heldout_confidence:.3f})"
         log(f"{d.name}: loss {report.loss_first:.3f} → {report.loss_last:.3f}, held-out α {report.heldout_acceptance:.3f}"
             f"{promised}, {report.train_seconds:.0f} s")
@@ -394,10 +398,13 @@ def _kept(work_dir, name: str, key: str, log, build: Callable[[], TargetCache]) 
     return cache
 
 
-def _kept_draft(directory: Path, train_cfg: TrainConfig, draft_vocab_size: int | None = None) -> DraftReport | None:
+def _kept_draft(directory: Path, train_cfg: TrainConfig, draft_vocab_size: int | None = None, *,
+                architecture: DraftConfig | None = None, cache_key: str | None = None) -> DraftReport | None:
     """The report of a draft this build already wrote with the same training config and draft vocabulary size,
     else None. Only the fields that shape this draft's training are compared: an `eagle3_*` field changes no
-    DSpark draft."""
+    DSpark draft. `architecture`: the draft config the build would train now; a written draft of another shape
+    (layers, Markov rank, widths, target layers …) is trained again, never kept under the new preset's name.
+    `cache_key`: the target caches' key; a draft written without it, or trained on other caches, is trained again."""
     import json
 
     path = directory / "draft_config.json"
@@ -409,6 +416,10 @@ def _kept_draft(directory: Path, train_cfg: TrainConfig, draft_vocab_size: int |
     extra = written.get("extra", {})
     if "training" not in extra or "train_config" not in extra:
         return None
+    if architecture is not None and _shaping_fields(written) != _shaping_fields(json.loads(architecture.to_json())):
+        return None
+    if cache_key is not None and extra.get("target_cache") != cache_key:
+        return None
     method = extra["training"].get("method")
 
     def shaping(config: dict) -> dict:
@@ -417,6 +428,12 @@ def _kept_draft(directory: Path, train_cfg: TrainConfig, draft_vocab_size: int |
     if shaping(extra["train_config"]) != shaping(_jsonable(asdict(train_cfg))):
         return None
     return DraftReport(**extra["training"])
+
+
+def _shaping_fields(config: dict) -> dict:
+    """A draft config's fields that shape its weights: all but `extra`, and the Markov rank only where there is a
+    Markov head (DFlash and Eagle3-style record the preset's rank and never read it)."""
+    return {k: v for k, v in config.items() if k != "extra" and not (k == "markov_rank" and config.get("head") == "none")}
 
 
 def _jsonable(value):

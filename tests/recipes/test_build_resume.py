@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
+from dspark_core.drafters.config import DraftConfig
 from dspark_core.target_cache import TargetCache, TargetSequence
 from dspark_core.training import TrainConfig
 from recipes.embedded.drafts import DraftReport, _jsonable, _kept, _kept_draft
@@ -58,3 +59,45 @@ def test_an_eagle3_only_field_keeps_a_dspark_draft_and_retrains_an_eagle3_one(tm
     assert _kept_draft(tmp_path / "dspark", new) is not None
     assert _kept_draft(tmp_path / "eagle3", new) is None
     assert _kept_draft(tmp_path / "dspark", TrainConfig(steps=300, seed=1, eagle3_unroll_steps=2)) is None
+
+
+def _written(tmp_path, name: str, config: DraftConfig, cfg: TrainConfig, cache_key: str | None) -> DraftReport:
+    report = DraftReport(name, config.method, config.head, 10, 1.0, 2.0, 1.0, 1.5, 0.4, None)
+    extra = {"training": asdict(report), "train_config": _jsonable(asdict(cfg))}
+    if cache_key is not None:
+        extra["target_cache"] = cache_key
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "draft_config.json").write_text(replace(config, extra=extra).to_json())
+    return report
+
+
+def _config(method: str, **changes) -> DraftConfig:
+    head = "markov" if method == "dspark" else "none"
+    fields = dict(method=method, vocab_size=64, hidden_size=8, intermediate_size=16, num_layers=1,
+                  num_attention_heads=2, num_kv_heads=1, head_dim=4, target_hidden_size=8, target_layer_ids=(0, 1),
+                  mask_token_id=3, head=head, markov_rank=32, confidence_head=method == "dspark", draft_vocab_size=32)
+    return DraftConfig(**{**fields, **changes})
+
+
+def test_a_draft_of_another_shape_or_from_other_caches_is_trained_again(tmp_path):
+    cfg = TrainConfig(steps=300, seed=0)
+    report = _written(tmp_path, "dspark", _config("dspark"), cfg, "key1")
+    same = dict(architecture=_config("dspark"), cache_key="key1")
+    assert _kept_draft(tmp_path / "dspark", cfg, 32, **same) == report
+    # the preset's Markov rank or depth changed: the written draft is not the one the build would train now
+    assert _kept_draft(tmp_path / "dspark", cfg, 32, architecture=_config("dspark", markov_rank=64), cache_key="key1") is None
+    assert _kept_draft(tmp_path / "dspark", cfg, 32, architecture=_config("dspark", num_layers=2), cache_key="key1") is None
+    # the caches were rebuilt under another key (other prompts, another target dtype …)
+    assert _kept_draft(tmp_path / "dspark", cfg, 32, architecture=_config("dspark"), cache_key="key2") is None
+
+
+def test_a_draft_without_a_markov_head_is_kept_whatever_rank_the_preset_names(tmp_path):
+    cfg = TrainConfig(steps=300, seed=0)
+    report = _written(tmp_path, "dflash", _config("dflash"), cfg, "key1")
+    assert _kept_draft(tmp_path / "dflash", cfg, 32, architecture=_config("dflash", markov_rank=64), cache_key="key1") == report
+
+
+def test_a_draft_written_before_caches_were_recorded_is_trained_again(tmp_path):
+    cfg = TrainConfig(steps=300, seed=0)
+    _written(tmp_path, "dspark", _config("dspark"), cfg, None)
+    assert _kept_draft(tmp_path / "dspark", cfg, 32, architecture=_config("dspark"), cache_key="key1") is None
