@@ -117,6 +117,13 @@ class KVSlots:
         if new_kv and self._already_behind(rows, new_kv):
             self.lengths[rows] += num_new
             return
+        if len(rows) == 1:  # one row (every step at concurrency 1): two slice copies per layer, not ~15 indexing ops
+            row, start, count = int(rows[0]), int(self.lengths[rows[0]]), int(num_new[0])
+            for layer, (k, v) in enumerate(new_kv):
+                self.keys[layer][row, :, start : start + count] = k[0, :, :count]
+                self.values[layer][row, :, start : start + count] = v[0, :, :count]
+            self.lengths[rows] += num_new
+            return
         offsets = torch.arange(max_new, device=self.lengths.device)
         valid = offsets[None, :] < num_new[:, None]  # [R, max_new]
         slot = rows[:, None].expand(-1, max_new)[valid]

@@ -34,7 +34,9 @@ from dspark_core.kernels.bf16_linear_cpu import PairPacked
 
 # oneDNN's call costs a fixed ≈ 60 µs more than MKL's at one row (576 × 576: 0.10 vs 0.04 ms), which only a large
 # product repays: the embedded default's 128-wide layers (≤ 98 k weights) stay on MKL; SmolLM2's projections
-# (≥ 331 k) and LM head, and its drafts' but for their 192-wide k/v, are packed. A weight's own size decides, never the rows of a call: a row's result must not
+# (≥ 331 k) and LM head are packed. The bf16 kernel's call costs a few µs, so a bf16 weight it takes is packed for
+# it whatever its size (a SmolLM2 draft's 192-wide k/v projections: 60–150 µs a call on `F.linear` inside a step,
+# ≈ 10 µs on the kernel). A weight's own size and dtype decide, never the rows of a call: a row's result must not
 # depend on how many rows run with it.
 MIN_PACKED_ELEMENTS = 1 << 17
 
@@ -46,10 +48,15 @@ def _native_bf16() -> bool:
     return cpu_has_native_bf16(cpu_flags(), torch.backends.cpu.get_cpu_capability())
 
 
-def packable(weight: Tensor) -> bool:
-    """Where oneDNN's prepacked matmul is the faster one and its ops exist: a large fp32 weight on the CPU, or a
-    bf16 one on a CPU with native bf16."""
-    if weight.device.type != "cpu" or weight.numel() < MIN_PACKED_ELEMENTS:
+def packable(weight: Tensor, bf16_kernel: bool = True) -> bool:
+    """Where a prepacked matmul is the faster one and its ops exist: a bf16 weight the bf16 kernel takes (any size,
+    unless `bf16_kernel` is off), else, for oneDNN, a large fp32 weight on the CPU or a large bf16 one on a CPU with
+    native bf16."""
+    if weight.device.type != "cpu":
+        return False
+    if bf16_kernel and uses_bf16_kernel(weight):
+        return True
+    if weight.numel() < MIN_PACKED_ELEMENTS:
         return False
     if not (weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _native_bf16())):
         return False
@@ -59,7 +66,7 @@ def packable(weight: Tensor) -> bool:
 def pack(weight: Tensor, bf16_kernel: bool = True) -> Tensor | PairPacked | None:
     """A [out, in] weight packed for the faster kernel here: this project's bf16 kernel where it runs and
     `bf16_kernel` (`PairPacked`), else oneDNN's blocked copy; None where it is not `packable` (or oneDNN refuses it)."""
-    if not packable(weight):
+    if not packable(weight, bf16_kernel):
         return None
     if bf16_kernel and uses_bf16_kernel(weight):
         return bf16_linear_cpu.pack(weight)
@@ -78,7 +85,7 @@ def path(dtype: torch.dtype, device: torch.device, bf16_kernel: bool = True) -> 
     """Which linear a packed projection of `dtype` on `device` runs (a cell's provenance records it): "c++ kernel",
     "onednn" or "torch" (`F.linear`, where nothing is packed)."""
     probe = torch.empty((1, 1 << 17), dtype=dtype, device=device)  # a weight as large as the smallest packed one
-    if not packable(probe):
+    if not packable(probe, bf16_kernel):
         return "torch"
     return "c++ kernel" if bf16_kernel and uses_bf16_kernel(probe) else "onednn"
 

@@ -94,3 +94,17 @@ def test_bf16_draft_layers_take_the_cpu_kernels_within_bf16_rounding(qwen3_targe
     scale = eager.abs().amax(-1, keepdim=True)
     assert float(((fused - eager).abs() / scale).max()) < 2 ** -5  # a few bf16 roundings through two layers
     assert float(torch.nn.functional.cosine_similarity(fused.flatten(), eager.flatten(), dim=0)) > 0.9999
+
+
+
+def test_the_rotary_made_from_cached_frequencies_is_the_formula():
+    """`rotary` keeps θ^(−2i/d) per (d, θ, device) rather than making it at every call: the same cos and sin."""
+    from dspark_core.drafters.layers import rotary
+
+    positions = torch.tensor([[0, 5, 17], [3, 4, 1000]])
+    for head_dim, theta in ((64, 100_000.0), (8, 10_000.0)):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        emb = torch.cat([positions[..., None].float() * inv_freq] * 2, dim=-1)
+        for _ in range(2):  # made, then read back
+            cos, sin = rotary(positions, head_dim, theta)
+            assert torch.equal(cos, emb.cos()) and torch.equal(sin, emb.sin())

@@ -143,6 +143,24 @@ def test_rollback_never_grows():
     assert slots.lengths.tolist() == [0, 1]
 
 
+
+def test_one_rows_append_writes_what_the_many_rows_scatter_writes():
+    """`append` for one row (every step at concurrency 1) takes slice copies; the slots must end as the general
+    scatter leaves them, dtype rounding included, with nothing written past the new positions."""
+    gen = torch.Generator().manual_seed(5)
+    new = [(torch.randn(1, 2, 4, 3, generator=gen), torch.randn(1, 2, 4, 3, generator=gen)) for _ in range(2)]
+    one, many = (KVSlots.allocate(2, 3, 2, 9, 3, torch.bfloat16, "cpu") for _ in range(2))
+    for slots in (one, many):
+        slots.lengths[:] = torch.tensor([1, 2, 0])
+    one.append(torch.tensor([1]), new, torch.tensor([3]))
+    idle = [(torch.cat([k, torch.zeros_like(k)]), torch.cat([v, torch.zeros_like(v)])) for k, v in new]
+    many.append(torch.tensor([1, 0]), idle, torch.tensor([3, 0]))  # a second row with nothing new: the scatter
+    assert one.lengths.tolist() == many.lengths.tolist() == [1, 5, 0]
+    for layer in range(2):
+        assert torch.equal(one.keys[layer], many.keys[layer]) and torch.equal(one.values[layer], many.values[layer])
+    assert torch.equal(one.keys[0][1, :, 2:5], new[0][0][0, :, :3].bfloat16())
+    assert not one.keys[0][1, :, 5:].any()
+
 def test_cpu_sdpa_reads_grouped_kv_in_place_and_changes_nothing(qwen3_target: TargetModel):
     """On the CPU, `TargetModel` switches a grouped-KV SDPA model to "dspark_sdpa" (no repeat_kv copy per
     verify step); a copy kept on Hugging Face's own SDPA gives the same logits through prefill, verify-shaped

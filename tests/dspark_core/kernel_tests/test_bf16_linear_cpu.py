@@ -117,3 +117,21 @@ def test_the_lean_forward_over_the_kernel_keeps_oneDNNs_logits_and_a_verify_step
     cache.rollback(rows, before)
     plain = kernel.forward(cache, rows, step[:, None], torch.ones(2, dtype=torch.long)).logits
     assert torch.equal(verify[:, 0], plain[:, 0])
+
+
+def test_a_small_bf16_weight_is_packed_for_the_kernel_and_stays_on_f_linear_without_it():
+    """The size threshold guards oneDNN's fixed call cost only: the kernel takes a draft's 192 × 576 k/v projection
+    (and a 1 × 608 confidence projection), while with the kernel off such a weight stays unpacked."""
+    if not bl.ready():
+        pytest.skip("the bf16 kernel does not run on this CPU")
+    for shape in ((192, 576), (1, 608)):
+        w = _bf16(*shape, seed=12, scale=0.1)
+        assert w.numel() < pl.MIN_PACKED_ELEMENTS
+        assert pl.packable(w) and isinstance(pl.pack(w), bl.PairPacked)
+        assert not pl.packable(w, bf16_kernel=False) and pl.pack(w, bf16_kernel=False) is None
+    assert not pl.packable(_bf16(192, 576).float())  # fp32 keeps the threshold: MKL's call is the cheaper one
+    layer = torch.nn.Linear(576, 192, bias=False).bfloat16()
+    assert pl.pack_linears(layer) == 1 and type(layer) is pl.PackedLinear
+    x = _bf16(7, 576, seed=13)
+    with torch.no_grad():
+        _assert_exact_to_rounding(layer(x), x, layer.weight, None)
