@@ -299,8 +299,7 @@ def _fit_sequential(conf_logits: Tensor, num_verified: Tensor, num_accepted: Ten
             if matched is not None:
                 offsets[j] = matched[best]
         # Same operations as cumulative_survival, so the report reproduces the fitted ECE bit for bit.
-        scaled = logits[:, j] / temperatures[j]
-        prefix = prefix * torch.sigmoid(scaled + offsets[j] if match_level else scaled)
+        prefix = prefix * torch.sigmoid(logits[:, j] / temperatures[j] + offsets[j])  # b_j = 0.0 adds nothing
     return temperatures, offsets
 
 

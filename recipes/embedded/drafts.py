@@ -220,6 +220,10 @@ class DraftInputs:
             raise ValueError(f"a {size}-token draft vocabulary: this target cache keeps {kept.numel()} tokens only "
                              f"(its preset's draft_vocab_size); build the cache with a larger one")
 
+    def config_for(self, name: str, draft_vocab_size: int | None) -> DraftConfig:
+        """The config draft `name` trains with over `draft_vocab_size` tokens (None: the whole vocabulary)."""
+        return replace(self.configs[name], draft_vocab_size=draft_vocab_size)
+
     def vocabulary(self, size: int) -> tuple[torch.Tensor, float]:
         """The `size`-token draft vocabulary chosen from the training answers, and its coverage of the held-out
         answers (which the choice never saw)."""
@@ -291,10 +295,8 @@ class TrainedDraft:
 def train_one(inputs: DraftInputs, spec: DraftSpec, train_cfg: TrainConfig, draft_vocab_size: int | None) -> TrainedDraft:
     """One draft trained on `inputs.cache` and scored on the held-out cache (α: the analytic T = 1
     acceptance per position). Seeded by `train_cfg.seed`: the same call trains the same draft."""
-    config = inputs.configs[spec.name]
+    config = inputs.config_for(spec.name, draft_vocab_size)
     vocab, vocab_coverage = inputs.vocabulary(draft_vocab_size) if draft_vocab_size is not None else (None, None)
-    if draft_vocab_size is not None:
-        config = replace(config, draft_vocab_size=draft_vocab_size)
     torch.manual_seed(train_cfg.seed)
     model = build_draft_model(config)
     if vocab is not None:
@@ -322,8 +324,8 @@ def build_drafts(inputs: DraftInputs, out_dir: str | Path, *, log: Callable[[str
             f"{100 * vocab_coverage:.2f}% of held-out answer tokens")
     reports = []
     for d in inputs.drafts:
-        shape = replace(inputs.configs[d.name], draft_vocab_size=p.draft_vocab_size)  # what `train_one` builds
-        kept = (_kept_draft(Path(out_dir) / d.name, train_cfg, p.draft_vocab_size, architecture=shape,
+        kept = (_kept_draft(Path(out_dir) / d.name, train_cfg, p.draft_vocab_size,
+                            architecture=inputs.config_for(d.name, p.draft_vocab_size),
                             cache_key=inputs.cache_key) if inputs.work_dir is not None else None)
         if kept is not None:
             log(f"{d.name}: kept from an earlier run of this build ({Path(out_dir) / d.name})")

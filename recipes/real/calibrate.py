@@ -24,6 +24,7 @@ def recalibrate(root: str | Path, *, data_dir: str | None = None, num_threads: i
     from transformers import AutoTokenizer
 
     from dspark_core.checkpoint import CONFIG_FILE, load_draft
+    from dspark_core.drafters.config import DraftConfig
     from dspark_core.target import TargetModel
     from inputs import model_refs
     from recipes.embedded.corpus import build_corpus
@@ -59,10 +60,10 @@ def recalibrate(root: str | Path, *, data_dir: str | None = None, num_threads: i
             f"T={k}: temperatures " + ", ".join(f"{t:.2f}" for t in temps[k]) + " offsets "
             + ", ".join(f"{b:+.2f}" for b in offsets[k]) for k in temps) + f" ({time.perf_counter() - start:.0f} s)")
         config_path = directory / CONFIG_FILE
-        config = json.loads(config_path.read_text())
-        for holder in (config["extra"], config["extra"].get("training", {}), report):
+        config = DraftConfig.load(config_path)
+        for holder in (config.extra, config.extra.get("training", {}), report):
             holder["sts_temperatures"], holder["sts_offsets"] = temps, offsets
-        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        config_path.write_text(config.to_json() + "\n")  # as `save_draft` writes it
         fitted[report["name"]] = {"temperatures": temps, "offsets": offsets}
     data["calibration_refit"] = {"drafts": sorted(fitted), "torch": torch.__version__,
                                  "cpu": torch.backends.cpu.get_cpu_capability()}
