@@ -325,7 +325,8 @@ def _describe(config: DraftConfig) -> str:
     if config.draft_vocab_size is not None:
         parts.append(f"draft vocabulary {config.draft_vocab_size}")
     if config.head != "none":
-        parts.append(f"{config.head} head, rank {config.markov_rank}")
+        w1 = ", W1 over the draft vocabulary" if config.markov_w1_rows == "draft" else ""
+        parts.append(f"{config.head} head, rank {config.markov_rank}{w1}")
     if config.confidence_head:
         parts.append("confidence head")
     return f"a {config.method} draft ({', '.join(parts)})"

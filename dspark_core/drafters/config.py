@@ -8,6 +8,7 @@ from pathlib import Path
 
 METHODS = ("dspark", "dflash", "eagle3")
 HEADS = ("markov", "gated", "rnn", "none")
+W1_ROWS = ("target", "draft")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,11 @@ class DraftConfig:
     # Markov W2 cover only these many of the target's tokens (the model's `draft_to_target` buffer lists
     # them), so drafting reads a fraction of the 49k-row head. None: the target's whole vocabulary.
     draft_vocab_size: int | None = None
+    # Rows of Markov W1: "target" (one per target token, vLLM's `markov_w1` [vocab, r]) or "draft" (one per
+    # draft-vocabulary token plus one row shared by every anchor outside it). A drafted token is always in the
+    # draft vocabulary, so only an anchor can fall outside it: "draft" costs (draft vocab + 1)·r instead of
+    # vocab·r, which on SmolLM2 (8,192 of 49,152) buys 6× the rank for the same bytes. Export scatters it back.
+    markov_w1_rows: str = "target"
     extra: dict = field(default_factory=dict, hash=False, compare=False)  # provenance, STS temperatures, …
 
     def __post_init__(self) -> None:
@@ -44,6 +50,11 @@ class DraftConfig:
             raise ValueError(f"{self.method} has no sequential or confidence head: set head='none', confidence_head=False")
         if self.confidence_head and self.head == "none":
             raise ValueError("the confidence head reads W1[x_{k-1}]: it needs a markov, gated or rnn head")
+        if self.markov_w1_rows not in W1_ROWS:
+            raise ValueError(f"unknown markov_w1_rows {self.markov_w1_rows!r}; valid: {', '.join(W1_ROWS)}")
+        if self.markov_w1_rows == "draft" and (self.draft_vocab_size is None or self.head == "none"):
+            raise ValueError("markov_w1_rows 'draft' indexes W1 by the draft vocabulary: it needs a Markov, gated "
+                             "or rnn head and draft_vocab_size set")
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must lie in [1, vocab_size = {self.vocab_size}], "
@@ -53,6 +64,11 @@ class DraftConfig:
     def output_vocab_size(self) -> int:
         """Rows of the LM head and of Markov W2: the draft vocabulary's size."""
         return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
+
+    @property
+    def markov_w1_size(self) -> int:
+        """Rows of Markov W1: the target's vocabulary, or the draft vocabulary and one shared row."""
+        return self.vocab_size if self.markov_w1_rows == "target" else self.output_vocab_size + 1
 
     @property
     def num_target_features(self) -> int:

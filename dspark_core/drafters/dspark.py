@@ -31,9 +31,17 @@ class DSparkModel(TargetFedDraft):
     def __init__(self, config: DraftConfig):
         super().__init__(config)
         c = config
-        self.markov_head = (SEQUENTIAL_HEADS[c.head](c.vocab_size, c.markov_rank, c.hidden_size, c.output_vocab_size)
+        self.markov_head = (SEQUENTIAL_HEADS[c.head](c.markov_w1_size, c.markov_rank, c.hidden_size, c.output_vocab_size)
                             if c.head != "none" else None)
         self.confidence_head = ConfidenceHead(c.hidden_size, c.markov_rank) if c.confidence_head else None
+
+    def w1_rows(self, prev_ids: Tensor) -> Tensor:
+        """Target ids → rows of Markov W1 (`DraftConfig.markov_w1_rows`): the ids themselves, or their draft
+        indices with the shared last row for a token outside the draft vocabulary."""
+        if self.config.markov_w1_rows == "target":
+            return prev_ids
+        rows = self.to_draft_ids(prev_ids)
+        return torch.where(rows < 0, self.config.output_vocab_size, rows)
 
     def context_kv(self, fused: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Per layer: keys/values [batch, kv_heads, seq, head_dim] of fused context features."""
@@ -58,10 +66,11 @@ class DSparkModel(TargetFedDraft):
         logits = self.lm_head(h).float() if backbone_logits is None else backbone_logits
         if self.markov_head is None:
             return logits, None, head_state
-        bias, head_state = self.markov_head.bias(prev_ids, h, head_state)
+        rows = self.w1_rows(prev_ids)
+        bias, head_state = self.markov_head.bias(rows, h, head_state)
         conf = None
         if self.confidence_head is not None:
-            conf = self.confidence_head(h, self.markov_head.markov_w1(prev_ids))
+            conf = self.confidence_head(h, self.markov_head.markov_w1(rows))
         return logits + bias.float(), conf, head_state
 
     def sample_block(
@@ -82,7 +91,8 @@ class DSparkModel(TargetFedDraft):
         # dispatch-bound; γ 7 of SmolLM2's draft 1.11 → 0.75 ms on AMD Zen 4). The confidence head's inputs are
         # known once the block is drawn, so it runs once over the block.
         head = self.markov_head
-        prev = anchor_ids
+        by_draft_index = self.config.markov_w1_rows == "draft"
+        prev = self.w1_rows(anchor_ids)  # x_{k−1} as a row of W1
         head_state = head.init_state(h.shape[0], h.device) if head is not None else None
         prevs, tokens, probs = [], [], []
         for k in range(h.shape[1]):
@@ -94,8 +104,9 @@ class DSparkModel(TargetFedDraft):
             if p is not None:
                 probs.append(p)
             prevs.append(prev)
-            prev = self.to_target_ids(index)  # W1 and the proposal read target ids
-            tokens.append(prev)
+            token = self.to_target_ids(index)  # the proposal reads target ids
+            prev = index if by_draft_index else token  # a drafted token's W1 row is its draft index
+            tokens.append(token)
         conf = None
         if head is not None and self.confidence_head is not None:
             conf = self.confidence_head(h, head.markov_w1(torch.stack(prevs, dim=1)))
@@ -205,5 +216,6 @@ def draft_block(
         conf_weight=conf.proj.weight if conf is not None else None,
         conf_bias=conf.proj.bias if conf is not None else None,
         draft_to_target=model.draft_to_target,
+        w1_anchor_rows=model.w1_rows(anchor_ids) if model.config.markov_w1_rows == "draft" else None,
     )
     return tokens, model.full_vocab_probs(probs), confs

@@ -27,6 +27,7 @@ def draft_config_for(
     target_layer_ids: tuple[int, ...] | None = None,
     num_target_features: int = 5,
     draft_vocab_size: int | None = None,
+    markov_w1_rows: str = "target",
 ) -> DraftConfig:
     """A draft shaped like the target (as DeepSpec builds it): same hidden size, heads and vocabulary (or
     `draft_vocab_size` of its tokens: set them with `TargetFedDraft.set_draft_vocabulary`)."""
@@ -54,6 +55,7 @@ def draft_config_for(
         rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6),
         rope_theta=float(rope),
         draft_vocab_size=draft_vocab_size,
+        markov_w1_rows=markov_w1_rows,
     )
 
 

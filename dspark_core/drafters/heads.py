@@ -34,6 +34,15 @@ class MarkovHead(nn.Module):
         return self.markov_w2(self.markov_w1(prev_ids)), state
 
 
+def w1_over_target(w1: Tensor, draft_to_target: Tensor, vocab_size: int) -> Tensor:
+    """W1 over the draft vocabulary and a shared last row ([draft vocab + 1, r], `markov_w1_rows` "draft") →
+    the same head over every target id ([vocab, r], vLLM's layout): each draft token keeps its row, every
+    other token takes the shared row, so both index the same vectors."""
+    out = w1[-1:].expand(vocab_size, -1).clone()
+    out[draft_to_target.to(w1.device)] = w1[:-1]
+    return out
+
+
 class GatedMarkovHead(MarkovHead):
     """W2(σ(gate([h ; W1[a]])) ⊙ W1[a]): lets the backbone state decide how much the bigram matters."""
 

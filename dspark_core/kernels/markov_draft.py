@@ -201,6 +201,7 @@ def markov_draft(
     conf_weight: Tensor | None,  # [1, hidden + rank] (None: no confidence head)
     conf_bias: Tensor | None,  # [1]
     draft_to_target: Tensor | None = None,  # [V] long: a reduced draft vocabulary's target ids (None: the whole)
+    w1_anchor_rows: Tensor | None = None,  # [R] long: W1 indexed by draft index (+ a shared row): the anchors' rows
     block_r: int | None = None,
     block_v: int | None = None,
     block_k: int | None = None,
@@ -211,7 +212,9 @@ def markov_draft(
     V is the draft vocabulary (the LM head's rows), and the probs are over it. With `draft_to_target`, the kernels
     sample indices into it; each is mapped to its target id on the device before the next position reads it as
     x_{k−1} (W1 and the confidence head are indexed by target ids), so the token ids returned are target ids.
-    Scattering the probs into the target's vocabulary is the caller's (`TargetFedDraft.full_vocab_probs`)."""
+    Scattering the probs into the target's vocabulary is the caller's (`TargetFedDraft.full_vocab_probs`).
+    `w1_anchor_rows` (a draft with `markov_w1_rows` "draft", W1 [V + 1, rank]): position 0 reads these rows of W1
+    and every later position the draft index sampled before it."""
     num_rows, n, vocab = backbone_logits.shape
     device = backbone_logits.device
     has_bias = w1 is not None
@@ -220,6 +223,8 @@ def markov_draft(
         raise ValueError("the confidence head reads W1[x_{k−1}]: it needs the Markov head")
     if (w1 is None) != (w2 is None):
         raise ValueError("the Markov head needs both W1 and W2")
+    if w1_anchor_rows is not None and draft_to_target is None:
+        raise ValueError("W1 over the draft vocabulary (w1_anchor_rows) needs draft_to_target")
     backbone_logits = backbone_logits.contiguous()
     h = h.contiguous()
     uniforms = uniforms.contiguous()
@@ -256,7 +261,10 @@ def markov_draft(
     grid_logits = (num_parts, triton.cdiv(num_rows, block_r))
     sampled = token_ids if draft_to_target is None else torch.empty_like(token_ids)  # draft indices
     for k in range(n):
-        prev = anchor_ids if k == 0 else token_ids[:, k - 1]
+        if w1_anchor_rows is not None:
+            prev = w1_anchor_rows if k == 0 else sampled[:, k - 1]
+        else:
+            prev = anchor_ids if k == 0 else token_ids[:, k - 1]
         markov_logits_kernel[grid_logits](
             backbone_logits, prev, w1, w2, temperatures, probs, part_max, part_sum, part_idx,
             k, num_rows, vocab, rank, num_parts, GREEDY_TEMPERATURE,

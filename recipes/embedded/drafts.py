@@ -61,6 +61,9 @@ class DraftPreset:
     instruction_prompts: int = 0
     max_new_tokens: int = 160
     markov_rank: int = 64  # r scaled to the model: the paper's 256 is for V = 152k, hidden 2.5k–5k
+    # Markov W1's rows (`DraftConfig.markov_w1_rows`): "draft" indexes it by the draft vocabulary (and one shared
+    # row) where the draft has one, so the rank costs draft_vocab_size · r, not vocab · r, on disk.
+    markov_w1_rows: str = "target"
     block_size: int = 7
     train: TrainConfig = TrainConfig(steps=500, lr=3e-3, batch_size=8, anchors_per_sequence=24)
     sts_prompts_per_domain: int = 32
@@ -221,8 +224,11 @@ class DraftInputs:
                              f"(its preset's draft_vocab_size); build the cache with a larger one")
 
     def config_for(self, name: str, draft_vocab_size: int | None) -> DraftConfig:
-        """The config draft `name` trains with over `draft_vocab_size` tokens (None: the whole vocabulary)."""
-        return replace(self.configs[name], draft_vocab_size=draft_vocab_size)
+        """The config draft `name` trains with over `draft_vocab_size` tokens (None: the whole vocabulary), its
+        Markov W1 over that vocabulary where the preset asks and the draft has the head and the vocabulary."""
+        config = self.configs[name]
+        by_draft = self.preset.markov_w1_rows == "draft" and draft_vocab_size is not None and config.head != "none"
+        return replace(config, draft_vocab_size=draft_vocab_size, markov_w1_rows="draft" if by_draft else "target")
 
     def vocabulary(self, size: int) -> tuple[torch.Tensor, float]:
         """The `size`-token draft vocabulary chosen from the training answers, and its coverage of the held-out
@@ -418,8 +424,13 @@ def _kept_draft(directory: Path, train_cfg: TrainConfig, draft_vocab_size: int |
     extra = written.get("extra", {})
     if "training" not in extra or "train_config" not in extra:
         return None
-    if architecture is not None and _shaping_fields(written) != _shaping_fields(json.loads(architecture.to_json())):
-        return None
+    if architecture is not None:
+        try:  # through the config class, so a field added since the draft was written reads as its default
+            written_shape = json.loads(DraftConfig.from_dict(written).to_json())
+        except (TypeError, ValueError):
+            return None
+        if _shaping_fields(written_shape) != _shaping_fields(json.loads(architecture.to_json())):
+            return None
     if cache_key is not None and extra.get("target_cache") != cache_key:
         return None
     method = extra["training"].get("method")

@@ -3,9 +3,11 @@
     python -m recipes.real.ablate models/smollm2-135m --methods dspark --vocab 8192 4096 --steps 300 600
     python -m recipes.real.ablate models/smollm2-135m --methods dspark --layers 1 2 --markov-rank 32 64
     python -m recipes.real.ablate models/smollm2-135m --methods dspark --sequences 256 512
+    python -m recipes.real.ablate models/smollm2-135m --methods dspark --markov-rank 256 --w1-rows draft target
 
 Every row trains one draft exactly as the build does (`recipes.embedded.drafts.train_one`: same caches, same
-seed, same preset but for the varied fields: vocabulary, steps, draft layers, Markov rank, training sequences)
+seed, same preset but for the varied fields: vocabulary, steps, draft layers, Markov rank and W1 rows, training
+sequences)
 and scores it on the build's held-out cache: held-out loss, α (the analytic T = 1 acceptance per position, what τ
 grows with) and the coverage of a reduced vocabulary. `--sequences N` trains on a seeded random N of the cache's
 answers, the vocabulary still chosen from all of them so that only the training data varies: how α falls with
@@ -53,6 +55,7 @@ class AblationRow:
     train_seconds: float
     seed: int
     heldout_confidence: float | None = None  # DSpark's confidence head: its held-out mean σ(c), beside held-out α
+    markov_w1_rows: str = "target"  # the trained config's (`DraftConfig.markov_w1_rows`)
 
 
 def parse_vocab(value: str) -> int | None:
@@ -73,9 +76,9 @@ def positive_count(value: str) -> int:
 def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None], steps: list[int], preset: str = "default", target: str = "smollm2-135m",
            seed: int = 0, data_dir: str | None = None, num_threads: int = 2, dtype: str = "auto", log=print,
            layers: list[int] | None = None, ranks: list[int] | None = None,
-           sequences: list[int] | None = None) -> list[AblationRow]:
-    """One row per (method, vocabulary, steps, layers, Markov rank, training sequences); `layers` / `ranks` /
-    `sequences` None: the preset's (all of the cache's sequences)."""
+           sequences: list[int] | None = None, w1_rows: list[str] | None = None) -> list[AblationRow]:
+    """One row per (method, vocabulary, steps, layers, Markov rank, W1 rows, training sequences); `layers` /
+    `ranks` / `w1_rows` / `sequences` None: the preset's (all of the cache's sequences)."""
     from inputs import model_refs
 
     out = Path(out_dir)
@@ -99,16 +102,18 @@ def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None],
     rows = []
     for name in methods:
         base = inputs.configs[name]
-        for num_layers, rank in itertools.product(layers or [base.num_layers], ranks or [base.markov_rank]):
-            shaped = replace(inputs, configs={**inputs.configs,
-                                              name: replace(base, num_layers=num_layers, markov_rank=rank)})
+        for num_layers, rank, w1 in itertools.product(layers or [base.num_layers], ranks or [base.markov_rank],
+                                                        w1_rows or [p.drafts.markov_w1_rows]):
+            shaped = replace(inputs, preset=replace(inputs.preset, markov_w1_rows=w1),
+                             configs={**inputs.configs, name: replace(base, num_layers=num_layers, markov_rank=rank)})
             for vocab, n, count in itertools.product(vocabs, steps, sequences or [len(inputs.cache)]):
                 start = time.perf_counter()
                 data = replace(shaped, cache=training_subset(inputs.cache, count, seed))
                 trained = train_one(data, specs[name], replace(p.drafts.train, steps=n, seed=seed), vocab)
                 row = AblationRow(name, vocab, n, num_layers, rank, count, trained.vocab_coverage,
                                   float(trained.heldout.total), trained.heldout.ce, trained.heldout.acceptance,
-                                  time.perf_counter() - start, seed, trained.heldout_confidence)
+                                  time.perf_counter() - start, seed, trained.heldout_confidence,
+                                  trained.model.config.markov_w1_rows)
                 rows.append(row)
                 log(format_row(row))
                 with (out / "ablation.jsonl").open("a") as f:
@@ -125,15 +130,15 @@ def training_subset(cache: TargetCache, count: int, seed: int) -> TargetCache:
     return replace(cache, sequences=[cache.sequences[i] for i in keep])
 
 
-HEADER = ("| draft | vocab | steps | layers | rank | sequences | coverage | held-out loss | held-out CE | held-out α "
+HEADER = ("| draft | vocab | steps | layers | rank | W1 rows | sequences | coverage | held-out loss | held-out CE | held-out α "
           "| held-out σ(c) | train s |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def format_row(r: AblationRow) -> str:
     coverage = "1" if r.vocab_coverage is None else f"{r.vocab_coverage:.3f}"
     promised = "–" if r.heldout_confidence is None else f"{r.heldout_confidence:.3f}"
-    return (f"| {r.method} | {r.draft_vocab_size or 'full'} | {r.steps} | {r.num_layers} | {r.markov_rank} | "
+    return (f"| {r.method} | {r.draft_vocab_size or 'full'} | {r.steps} | {r.num_layers} | {r.markov_rank} | {r.markov_w1_rows} | "
             f"{r.train_sequences} | {coverage} | "
             f"{r.heldout_loss:.3f} | {r.heldout_ce:.3f} | {r.heldout_acceptance:.3f} | {promised} | {r.train_seconds:.0f} |")
 
@@ -148,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", nargs="+", type=positive_count, default=None, help="draft decoder layers (default: the build's)")
     parser.add_argument("--markov-rank", nargs="+", type=positive_count, default=None,
                         help="rank r of DSpark's Markov head and confidence input (default: the preset's)")
+    parser.add_argument("--w1-rows", nargs="+", choices=["target", "draft"], default=None,
+                        help="Markov W1 indexed by every target token or by the draft vocabulary (default: the preset's)")
     parser.add_argument("--sequences", nargs="+", type=positive_count, default=None,
                         help="train on a seeded random N of the training cache's sequences (default: all of them)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
@@ -164,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         ablate(args.out_dir, methods=args.methods, vocabs=vocabs, steps=steps, preset=args.preset, target=args.target,
                seed=args.seed, data_dir=args.data_dir, num_threads=args.threads, dtype=args.dtype,
                log=lambda line: print(line, flush=True), layers=args.layers, ranks=args.markov_rank,
-               sequences=args.sequences)
+               sequences=args.sequences, w1_rows=args.w1_rows)
     except ValueError as e:  # a vocabulary the caches cannot train, an unknown draft: one line, not a traceback
         parser.error(str(e))
     return 0

@@ -19,8 +19,9 @@ beside the drafts (the committed build names them `smollm2-135m:<name>`, a build
 alone on the committed drafts with `harness run models/smollm2-135m/card.yaml`.
 
 Sizes, chosen so the repository stays under 48 MiB: one draft layer each with a 768-wide MLP (the target's is
-1536), three target feature layers, Markov rank 32, bf16 on disk, and the 49,152 × 576 embedding / LM head
-shared with the target (not stored). The draft vocabulary is the 8,192 tokens the target's cached answers use
+1536), three target feature layers, Markov rank 128 with W1 over the draft vocabulary (8,193 rows, not 49,152:
+4.2 MB for W1 and W2, where rank 32 over every target id took 3.7 MB), bf16 on disk, and the 49,152 × 576
+embedding / LM head shared with the target (not stored). The draft vocabulary is the 8,192 tokens the target's cached answers use
 most (dspark_core/draft_vocabulary.py; ≈ 90% of held-out answer tokens): a training step is then several times
 cheaper than over 49,152 tokens, which buys the default its 2,000 steps over 256 prompts per domain (and 256
 instructions in chat). The choice
@@ -56,7 +57,7 @@ REAL_DRAFTS = tuple(replace(d, num_layers=1) for d in REAL_DRAFTS)
 
 PRESETS_BLOCK_SIZE = 7  # γ of every card cell: the drafts' block size
 _COMMON: dict[str, Any] = dict(num_target_features=3, intermediate_size=768, mask_token="<empty_output>",
-                               block_size=PRESETS_BLOCK_SIZE, markov_rank=32)
+                               block_size=PRESETS_BLOCK_SIZE, markov_rank=128, markov_w1_rows="draft")
 
 
 def _equal_positions(anchors_per_sequence: int, unroll_steps: int) -> int:

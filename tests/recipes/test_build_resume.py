@@ -87,6 +87,8 @@ def test_a_draft_of_another_shape_or_from_other_caches_is_trained_again(tmp_path
     # the preset's Markov rank or depth changed: the written draft is not the one the build would train now
     assert _kept_draft(tmp_path / "dspark", cfg, 32, architecture=_config("dspark", markov_rank=64), cache_key="key1") is None
     assert _kept_draft(tmp_path / "dspark", cfg, 32, architecture=_config("dspark", num_layers=2), cache_key="key1") is None
+    assert _kept_draft(tmp_path / "dspark", cfg, 32, architecture=_config("dspark", markov_w1_rows="draft"),
+                       cache_key="key1") is None
     # the caches were rebuilt under another key (other prompts, another target dtype …)
     assert _kept_draft(tmp_path / "dspark", cfg, 32, architecture=_config("dspark"), cache_key="key2") is None
 
@@ -100,4 +102,18 @@ def test_a_draft_without_a_markov_head_is_kept_whatever_rank_the_preset_names(tm
 def test_a_draft_written_before_caches_were_recorded_is_trained_again(tmp_path):
     cfg = TrainConfig(steps=300, seed=0)
     _written(tmp_path, "dspark", _config("dspark"), cfg, None)
+    assert _kept_draft(tmp_path / "dspark", cfg, 32, architecture=_config("dspark"), cache_key="key1") is None
+
+
+def test_a_config_field_added_since_a_draft_was_written_reads_as_its_default(tmp_path):
+    """A draft written before `markov_w1_rows` existed has no such key: it is the default's shape, and kept."""
+    cfg = TrainConfig(steps=300, seed=0)
+    report = _written(tmp_path, "dspark", _config("dspark"), cfg, "key1")
+    path = tmp_path / "dspark" / "draft_config.json"
+    written = json.loads(path.read_text())
+    del written["markov_w1_rows"]
+    path.write_text(json.dumps(written))
+    assert _kept_draft(tmp_path / "dspark", cfg, 32, architecture=_config("dspark"), cache_key="key1") == report
+    written["no_such_field"] = 1  # written by a newer version: not a shape this one can vouch for
+    path.write_text(json.dumps(written))
     assert _kept_draft(tmp_path / "dspark", cfg, 32, architecture=_config("dspark"), cache_key="key1") is None

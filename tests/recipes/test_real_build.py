@@ -139,11 +139,12 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
     assert rows[0].heldout_confidence == pytest.approx(built["heldout_confidence"], abs=1e-6)
     assert rows[0].vocab_coverage == pytest.approx(built["draft_vocab_coverage"])
     assert rows[1].vocab_coverage <= rows[0].vocab_coverage and rows[1].heldout_ce != pytest.approx(rows[0].heldout_ce)
-    assert (rows[0].num_layers, rows[0].markov_rank) == (1, 32)  # the build's shape
+    assert (rows[0].num_layers, rows[0].markov_rank, rows[0].markov_w1_rows) == (1, 128, "draft")  # the build's shape
     try:
         shaped = ablate(out, methods=["dspark"], vocabs=[reduced.draft_vocab_size], steps=[reduced.train.steps],
-                        preset="reduced", num_threads=1, data_dir=str(data_dir), log=lambda _: None, layers=[2], ranks=[8])
-        assert (shaped[0].num_layers, shaped[0].markov_rank) == (2, 8)
+                        preset="reduced", num_threads=1, data_dir=str(data_dir), log=lambda _: None, layers=[2], ranks=[8],
+                        w1_rows=["target"])
+        assert (shaped[0].num_layers, shaped[0].markov_rank, shaped[0].markov_w1_rows) == (2, 8, "target")
         assert shaped[0].heldout_ce != pytest.approx(rows[0].heldout_ce)  # another draft, same caches
         # A subset of the training answers: refused beyond the cache's size before any row, else the same vocabulary
         # (chosen from every answer) over less data.

@@ -113,6 +113,31 @@ def test_reduced_vocabulary_exports_its_head_rows_and_d2t_offsets(target, target
         check_vllm_checkpoint(tmp_path / "vllm")
 
 
+def test_w1_over_the_draft_vocabulary_exports_as_target_rows(target, target_dir, tmp_path):
+    """A draft whose Markov W1 has a row per draft token and one shared row (`markov_w1_rows` "draft") is written
+    with vLLM's W1 over every target id; loaded back from that layout it drafts exactly as it did, anchors
+    outside the draft vocabulary (the shared row) included."""
+    vocab = torch.randperm(96, generator=torch.Generator().manual_seed(4))[:40].sort().values
+    model = _draft(target, "dspark", draft_vocabulary=vocab, markov_w1_rows="draft")
+    assert model.markov_head.markov_w1.weight.shape == (41, 8)
+    save_draft(model, tmp_path / "ours", share_target_embeddings=True)
+    reloaded = load_draft(tmp_path / "ours", target=target)
+    assert reloaded.config.markov_w1_rows == "draft"
+    export_vllm(tmp_path / "ours", tmp_path / "vllm", target_dir=target_dir)
+    stored = load_file(tmp_path / "vllm" / "model.safetensors")
+    assert stored["markov_head.markov_w1.weight"].shape == (96, 8)
+    loaded = load_deepspec_draft(tmp_path / "vllm", target=target)
+    assert loaded.config.markov_w1_rows == "target"
+    anchors = torch.randint(0, 95, (3, 16), generator=torch.Generator().manual_seed(0))[:, 6]  # `_proposals`' anchors
+    assert not torch.isin(anchors, vocab).all()  # the shared row is read
+    for temperature in (0.0, 1.0):
+        a, b, c = (_proposals(m, temperature=temperature) for m in (model, reloaded, loaded))
+        assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.token_ids, c.token_ids)
+        torch.testing.assert_close(a.confidence_logits, c.confidence_logits)
+        if temperature:
+            assert torch.equal(a.draft_probs, c.draft_probs)
+
+
 def test_dflash_exports_as_a_zero_markov_head(target, target_dir, tmp_path):
     save_draft(_draft(target, "dflash"), tmp_path / "ours")
     report = export_vllm(tmp_path / "ours", tmp_path / "vllm", target_dir=target_dir)

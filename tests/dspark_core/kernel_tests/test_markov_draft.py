@@ -22,14 +22,14 @@ TEMPERATURES = [1.0, 0.0, 0.6, 1.3, 0.0, 0.8, 2.0]  # greedy rows mixed in
 
 
 def _model(vocab: int, head: str, dtype: torch.dtype, rank: int = 24, hidden: int = 32, seed: int = 0,
-           draft_vocab: int | None = None) -> DSparkModel:
+           draft_vocab: int | None = None, w1_rows: str = "target") -> DSparkModel:
     torch.manual_seed(seed)
     method = "dspark" if head != "none" else "dflash"
     config = DraftConfig(
         method=method, vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=1,
         num_attention_heads=4, num_kv_heads=2, head_dim=8, target_hidden_size=hidden, target_layer_ids=(0,),
         mask_token_id=vocab - 1, head=head, markov_rank=rank, confidence_head=head != "none",
-        draft_vocab_size=draft_vocab,
+        draft_vocab_size=draft_vocab, markov_w1_rows=w1_rows,
     )
     model = DSparkModel(config).eval()
     if draft_vocab is not None:  # a fixed random choice of the target's tokens
@@ -131,3 +131,12 @@ def test_reduced_draft_vocabulary_matches_twin(triton_kernels, head: str, num_ro
         tokens, probs, _ = draft_block(model, h, anchors, temps, uniforms)
     assert probs.shape == (num_rows, n, vocab)
     assert set(tokens.flatten().tolist()) <= set(model.draft_to_target.tolist())
+
+
+@pytest.mark.parametrize("num_rows, n, vocab, draft_vocab", [(3, 7, 200, 72), (2, 3, 96, 40)])
+def test_w1_over_the_draft_vocabulary_matches_twin(triton_kernels, num_rows: int, n: int, vocab: int, draft_vocab: int):
+    """W1 indexed by draft index and a shared row (`markov_w1_rows` "draft"): the anchor reads its mapped row
+    (most random anchors fall outside the draft vocabulary: the shared row), later positions the sampled index."""
+    model = _model(vocab, "markov", torch.float32, draft_vocab=draft_vocab, w1_rows="draft")
+    assert model.markov_head.markov_w1.weight.shape[0] == draft_vocab + 1
+    _check(model, num_rows, n)
