@@ -439,4 +439,13 @@ def _rope_theta(hf: Mapping[str, Any]) -> float:
 def _write_atomic(path: Path, write) -> None:
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
+    # safetensors creates its file 0600 whatever the umask: a draft in a shared models directory would be
+    # unreadable to everyone but its writer. Give it the mode any other new file gets.
+    os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,4 +1,6 @@
 import json
+import os
+import stat
 from dataclasses import replace
 
 import pytest
@@ -125,6 +127,17 @@ def test_save_is_deterministic_and_names_match_deepspec(qwen3_target, tmp_path):
         "markov_head.gate_proj.bias", "confidence_head.proj.weight", "confidence_head.proj.bias",
     ):
         assert expected in names
+
+
+def test_saved_files_take_the_umask_not_safetensors_private_mode(qwen3_target, tmp_path):
+    """safetensors writes 0600 whatever the umask; a draft saved into a shared directory must stay readable."""
+    old = os.umask(0o027)
+    try:
+        save_draft(_model(_config(qwen3_target, "dspark", "markov")), tmp_path / "d")
+    finally:
+        os.umask(old)
+    for name in (WEIGHTS_FILE, CONFIG_FILE):
+        assert stat.S_IMODE((tmp_path / "d" / name).stat().st_mode) == 0o640
 
 
 def test_load_keeps_or_casts_dtype(qwen3_target, tmp_path):
