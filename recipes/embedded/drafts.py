@@ -426,10 +426,10 @@ def _kept_draft(directory: Path, train_cfg: TrainConfig, draft_vocab_size: int |
         return None
     if architecture is not None:
         try:  # through the config class, so a field added since the draft was written reads as its default
-            written_shape = json.loads(DraftConfig.from_dict(written).to_json())
+            written_config = DraftConfig.from_dict(written)
         except (TypeError, ValueError):
             return None
-        if _shaping_fields(written_shape) != _shaping_fields(json.loads(architecture.to_json())):
+        if _shaping_fields(written_config) != _shaping_fields(architecture):
             return None
     if cache_key is not None and extra.get("target_cache") != cache_key:
         return None
@@ -443,10 +443,10 @@ def _kept_draft(directory: Path, train_cfg: TrainConfig, draft_vocab_size: int |
     return DraftReport(**extra["training"])
 
 
-def _shaping_fields(config: dict) -> dict:
+def _shaping_fields(config: DraftConfig) -> dict:
     """A draft config's fields that shape its weights: all but `extra`, and the Markov rank only where there is a
     Markov head (DFlash and Eagle3-style record the preset's rank and never read it)."""
-    return {k: v for k, v in config.items() if k != "extra" and not (k == "markov_rank" and config.get("head") == "none")}
+    return {k: v for k, v in asdict(config).items() if k != "extra" and not (k == "markov_rank" and config.head == "none")}
 
 
 def _jsonable(value):
