@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dspark_core.kernels import distill_loss_cpu as distill
+
 
 @dataclass(frozen=True)
 class LossWeights:
@@ -86,16 +88,26 @@ def draft_loss(
 
     logits = logits.float()
     in_vocab = labels >= 0
-    safe_labels = torch.where(valid & in_vocab, labels, torch.zeros_like(labels))
-    ce = F.cross_entropy(logits.reshape(-1, vocab), safe_labels.reshape(-1), reduction="none").view(num_blocks, num_pos)
+    l1 = alpha = None
+    if target_logits is not None and target_log_probs and distill.ready(logits, target_logits):
+        # One C++ pass per row for both terms and their gradient (kernels/distill_loss_cpu.py); the torch ops below
+        # are its twin.
+        ce, l1 = distill.distill_terms(logits.reshape(-1, vocab), target_logits.reshape(-1, vocab),
+                                       torch.where(valid & in_vocab, labels, -1).reshape(-1))
+        ce, l1 = ce.view(num_blocks, num_pos), l1.view(num_blocks, num_pos)
+        alpha = (1.0 - 0.5 * l1).clamp(0.0, 1.0)
+    else:
+        safe_labels = torch.where(valid & in_vocab, labels, torch.zeros_like(labels))
+        ce = F.cross_entropy(logits.reshape(-1, vocab), safe_labels.reshape(-1), reduction="none").view(num_blocks, num_pos)
+        if target_logits is not None:
+            target_probs = target_logits.float().exp() if target_log_probs else torch.softmax(target_logits.float(), -1)
+            l1, alpha = acceptance_probability(torch.softmax(logits, -1), target_probs, partial=target_log_probs)
     w_ce = w * in_vocab.float()
     ce_mean = (ce * w_ce).sum() / w_ce.sum().clamp(min=1e-12)
     total = weights.ce * ce_mean
     nan = float("nan")
     l1_mean = bce_mean = acc_mean = conf_mean = None
-    if target_logits is not None:
-        target_probs = target_logits.float().exp() if target_log_probs else torch.softmax(target_logits.float(), -1)
-        l1, alpha = acceptance_probability(torch.softmax(logits, -1), target_probs, partial=target_log_probs)
+    if l1 is not None and alpha is not None:
         l1_mean, acc_mean = wmean(l1), wmean(alpha.detach())
         if weights.l1:
             total = total + weights.l1 * l1_mean

@@ -41,6 +41,8 @@ from torch import Tensor
 from dspark_core.drafters.dspark import DSparkModel
 from dspark_core.drafters.eagle3 import Eagle3Model
 from dspark_core.drafters.layers import TargetFedDraft
+from dspark_core.frozen_head import lm_head_dtype
+from dspark_core.host_memory import keep_freed_memory
 from dspark_core.losses import CE_ONLY, DSPARK_WEIGHTS, DraftLoss, LossWeights, draft_loss
 from dspark_core.target_cache import TargetCache, TargetSequence
 
@@ -64,6 +66,9 @@ class TrainConfig:
     # A budget in supervised positions equal to DSpark's is anchors_per_sequence · block_size / unroll steps.
     eagle3_anchors_per_sequence: int | None = None
     seed: int = 0
+    # The frozen LM head's products (forward, and the gradient through it) in "float32" or "bfloat16"
+    # (dspark_core/frozen_head.py: half a step on a CPU with native bf16); the trained weights and the loss stay fp32.
+    lm_head_dtype: str = "float32"
 
 
 @dataclass
@@ -386,6 +391,7 @@ def train_draft(cache: TargetCache, model: TargetFedDraft, config: TrainConfig) 
     """Train `model` (DSparkModel of any head, or Eagle3Model) in place; deterministic for a seed
     given the same initial weights (the only randomness is batch order and anchors)."""
     sequences = _check(cache, model)
+    keep_freed_memory()  # every step frees and reallocates the same large tensors (dspark_core/host_memory.py)
     generator = torch.Generator().manual_seed(config.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
@@ -395,10 +401,20 @@ def train_draft(cache: TargetCache, model: TargetFedDraft, config: TrainConfig) 
     groups = [g for g in groups if g["params"]]
     optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=config.betas)
     result = TrainResult()
-    order: list[int] = []
     was_training = model.training
     model.train()
     start = time.perf_counter()
+    with lm_head_dtype(model, config.lm_head_dtype):
+        _train_steps(model, sequences, config, optimizer, params, generator, result)
+    result.seconds = time.perf_counter() - start
+    model.train(was_training)
+    return result
+
+
+def _train_steps(model: TargetFedDraft, sequences: list[TargetSequence], config: TrainConfig,
+                 optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], generator: torch.Generator,
+                 result: TrainResult) -> None:
+    order: list[int] = []
     for step in range(config.steps):
         if len(order) < config.batch_size:
             order += torch.randperm(len(sequences), generator=generator).tolist()
@@ -414,9 +430,6 @@ def train_draft(cache: TargetCache, model: TargetFedDraft, config: TrainConfig) 
         optimizer.step()
         result.history.append(StepLog(step, lr, float(loss.total.detach()), loss.ce, loss.l1, loss.bce,
                                       loss.acceptance, float(grad_norm)))
-    result.seconds = time.perf_counter() - start
-    model.train(was_training)
-    return result
 
 
 @torch.no_grad()

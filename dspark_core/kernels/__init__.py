@@ -12,6 +12,7 @@ Each dispatch sits beside its twin, in the module that owns the concept, and ask
 | `decode_attention.decode_attention` (CPU, bf16)            | `decode_attention_cpu.py` (C++) | `decode_attention.decode_attention_torch` |
 | `decoder_forward.decoder_forward` (CPU, bf16)              | `decoder_pointwise_cpu.py` (C++) | `_rms_norm`, `_rope`, `act_fn(gate) * up` |
 | `packed_linear.packed_linear` (CPU, bf16)                  | `bf16_linear_cpu.py` (C++) | oneDNN's packed linear, `F.linear` |
+| `losses.draft_loss` (CPU, fp32, a reduced draft vocabulary) | `distill_loss_cpu.py` (C++) | its torch ops and autograd |
 
 Wired: `DSparkDrafter.propose` calls `draft_block`, `verification.verify` calls `dispatch_rejection_sample`,
 `PrefixScheduler.__call__` calls `dispatch_schedule_prefix`, and `TargetModel.__init__` calls
@@ -22,9 +23,9 @@ This package imports nothing from the core above it (only the leaf `dspark_core.
 the only place that imports `triton`, lazily, inside a dispatch that chose the Triton path:
 `import dspark_core` works without triton installed.
 
-Three are not Triton: a bf16 decode or verify step's attention, a bf16 decoder layer's elementwise steps and a
-bf16 linear on the CPU, C++ compiled for the CPU they run on at first use (`cpu_build.py`), where Triton has no
-compiled backend; they run under `auto` and `triton` wherever they build (the attention and the linear only where
+Four are not Triton: a bf16 decode or verify step's attention, a bf16 decoder layer's elementwise steps, a
+bf16 linear and a training step's distillation terms (cross-entropy and L1, with their gradient) on the CPU,
+C++ compiled for the CPU they run on at first use (`cpu_build.py`), where Triton has no compiled backend; they run under `auto` and `triton` wherever they build (the attention and the linear only where
 the CPU has AVX512-BF16, the linear not on AMX CPUs, where oneDNN's tile products win at many rows), the twins
 otherwise. The attention's queries and the linear's rows are computed alike whatever shares the call, so a bf16
 verify step's logits are a decode step's bit for bit and greedy speculative decoding stays plain decoding.

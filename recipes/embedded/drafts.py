@@ -72,7 +72,8 @@ class DraftPreset:
     # target's drafts small on disk and its build within 2 cores' time. Drafts always train in fp32: under bf16
     # autocast (measured on an AVX512-BF16/AMX CPU, DSpark on SmolLM2-135M) a step was only 1.15× faster
     # (0.21 s against 0.24 s) and the draft did not learn: after 40 steps held-out CE 36.7 against 7.46, the
-    # gradient norm still at its initial 45–50.
+    # gradient norm still at its initial 45–50. The frozen LM head's products alone may run in bf16
+    # (`TrainConfig.lm_head_dtype`; recipes/real/build.py sets the target's dtype): that trains as fp32 does.
     num_target_features: int = 5
     intermediate_size: int | None = None  # None: the target's
     mask_token: str = "<|mask|>"
@@ -434,9 +435,10 @@ def _kept_draft(directory: Path, train_cfg: TrainConfig, draft_vocab_size: int |
     if cache_key is not None and extra.get("target_cache") != cache_key:
         return None
     method = extra["training"].get("method")
+    defaults = _jsonable(asdict(TrainConfig()))  # a field added since the draft was written: it trained at the default
 
     def shaping(config: dict) -> dict:
-        return {k: v for k, v in config.items() if method == "eagle3" or not k.startswith("eagle3_")}
+        return {k: v for k, v in {**defaults, **config}.items() if method == "eagle3" or not k.startswith("eagle3_")}
 
     if shaping(extra["train_config"]) != shaping(_jsonable(asdict(train_cfg))):
         return None

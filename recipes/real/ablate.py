@@ -56,6 +56,7 @@ class AblationRow:
     seed: int
     heldout_confidence: float | None = None  # DSpark's confidence head: its held-out mean σ(c), beside held-out α
     markov_w1_rows: str = "target"  # the trained config's (`DraftConfig.markov_w1_rows`)
+    lm_head_dtype: str = "float32"  # the frozen LM head's products while it trained (`TrainConfig.lm_head_dtype`)
 
 
 def parse_vocab(value: str) -> int | None:
@@ -113,7 +114,7 @@ def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None],
                 row = AblationRow(name, vocab, n, num_layers, rank, count, trained.vocab_coverage,
                                   float(trained.heldout.total), trained.heldout.ce, trained.heldout.acceptance,
                                   time.perf_counter() - start, seed, trained.heldout_confidence,
-                                  trained.model.config.markov_w1_rows)
+                                  trained.model.config.markov_w1_rows, p.drafts.train.lm_head_dtype)
                 rows.append(row)
                 log(format_row(row))
                 with (out / "ablation.jsonl").open("a") as f:

@@ -28,7 +28,11 @@ instructions in chat). The choice
 is measured with `python -m recipes.real.ablate` (held-out α of drafts trained on one build's caches, per
 vocabulary and step count). Drafts train in fp32 even where the target runs in bf16: bf16 autocast did not train
 (recipes/embedded/drafts.py, `DraftPreset`), the likeliest cause of an earlier 8,192-token build's poor drafts
-(held-out α 0.09) if it ran on a bf16 CPU, as this one does; its record does not say.
+(held-out α 0.09) if it ran on a bf16 CPU, as this one does; its record does not say. Only the products of the
+frozen LM head take the target's dtype (`TrainConfig.lm_head_dtype`, dspark_core/frozen_head.py): DSpark at 2,000
+steps reached the same held-out α in bf16 as in fp32 (0.326, loss 2.306 against 2.305). With it, freed memory kept
+(dspark_core/host_memory.py) and the loss's C++ terms (kernels/distill_loss_cpu.py), a DSpark training step here
+is 0.62× what it was (283–288 ms against 451–475 on the Zen 4; docs/SMOLLM2_MEASUREMENTS.md).
 
 Deterministic for a seed (seeded answers, seeded data order and initialisation) on the same torch build, CPU
 kind, dtype and thread count. The target is the one `smollm2-135m` resolves to (the installed wheel's
@@ -121,10 +125,12 @@ PRESETS = {
 
 
 def resolved_preset(preset: str, dtype: str = "auto") -> RealPreset:
-    """The preset with its target dtype chosen (`auto`: `fast_dtype()`); the drafts train in fp32 whatever it is."""
+    """The preset with its target dtype chosen (`auto`: `fast_dtype()`). The drafts train in fp32 whatever it is,
+    but for the products of their frozen LM head, which take the target's dtype: in bf16 they are a step's largest
+    saving (dspark_core/frozen_head.py), and the drafts run in that dtype once trained."""
     dtype = fast_dtype() if dtype == "auto" else dtype
     p = PRESETS[preset]
-    return replace(p, drafts=replace(p.drafts, target_dtype=dtype))
+    return replace(p, drafts=replace(p.drafts, target_dtype=dtype, train=replace(p.drafts.train, lm_head_dtype=dtype)))
 
 
 def build(out_dir: str | Path, *, target: str = "smollm2-135m", preset: str = "default", seed: int = 0,

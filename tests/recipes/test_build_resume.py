@@ -46,6 +46,19 @@ def test_a_draft_is_kept_only_with_the_same_training_config(tmp_path):
 
 
 
+def test_a_training_field_added_since_reads_as_its_default(tmp_path):
+    """A draft written before `lm_head_dtype` existed trained its head in fp32: kept for a float32 config, trained
+    again for a bfloat16 one."""
+    report = DraftReport("dspark", "dspark", "markov", 10, 1.0, 2.0, 1.0, 1.5, 0.4, None)
+    stored = _jsonable(asdict(TrainConfig(steps=300, seed=0)))
+    del stored["lm_head_dtype"]
+    (tmp_path / "dspark").mkdir()
+    (tmp_path / "dspark" / "draft_config.json").write_text(json.dumps(
+        {"extra": {"training": asdict(report), "train_config": stored}}))
+    assert _kept_draft(tmp_path / "dspark", TrainConfig(steps=300, seed=0)) == report
+    assert _kept_draft(tmp_path / "dspark", TrainConfig(steps=300, seed=0, lm_head_dtype="bfloat16")) is None
+
+
 def test_an_eagle3_only_field_keeps_a_dspark_draft_and_retrains_an_eagle3_one(tmp_path):
     old = TrainConfig(steps=300, seed=0, eagle3_unroll_steps=2)
     new = TrainConfig(steps=300, seed=0, eagle3_unroll_steps=2, eagle3_anchors_per_sequence=56)

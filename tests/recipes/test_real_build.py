@@ -140,6 +140,7 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
     assert rows[0].vocab_coverage == pytest.approx(built["draft_vocab_coverage"])
     assert rows[1].vocab_coverage <= rows[0].vocab_coverage and rows[1].heldout_ce != pytest.approx(rows[0].heldout_ce)
     assert (rows[0].num_layers, rows[0].markov_rank, rows[0].markov_w1_rows) == (1, 128, "draft")  # the build's shape
+    assert rows[0].lm_head_dtype == summary["build"]["dtype"]  # the head's products in the target's dtype, as built
     try:
         shaped = ablate(out, methods=["dspark"], vocabs=[reduced.draft_vocab_size], steps=[reduced.train.steps],
                         preset="reduced", num_threads=1, data_dir=str(data_dir), log=lambda _: None, layers=[2], ranks=[8],
