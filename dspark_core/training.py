@@ -67,7 +67,8 @@ class TrainConfig:
     eagle3_anchors_per_sequence: int | None = None
     seed: int = 0
     # The frozen LM head's products (forward, and the gradient through it) in "float32" or "bfloat16"
-    # (dspark_core/frozen_head.py: half a step on a CPU with native bf16); the trained weights and the loss stay fp32.
+    # (dspark_core/frozen_head.py: those products 2–4× faster on a CPU with native bf16, a DSpark step 0.85–0.9×);
+    # the trained weights and the loss stay fp32.
     lm_head_dtype: str = "float32"
 
 
