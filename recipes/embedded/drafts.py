@@ -227,9 +227,7 @@ class DraftInputs:
     def config_for(self, name: str, draft_vocab_size: int | None) -> DraftConfig:
         """The config draft `name` trains with over `draft_vocab_size` tokens (None: the whole vocabulary), its
         Markov W1 over that vocabulary where the preset asks and the draft has the head and the vocabulary."""
-        config = self.configs[name]
-        by_draft = self.preset.markov_w1_rows == "draft" and draft_vocab_size is not None and config.head != "none"
-        return replace(config, draft_vocab_size=draft_vocab_size, markov_w1_rows="draft" if by_draft else "target")
+        return config_over_vocabulary(self.configs[name], self.preset, draft_vocab_size)
 
     def vocabulary(self, size: int) -> tuple[torch.Tensor, float]:
         """The `size`-token draft vocabulary chosen from the training answers, and its coverage of the held-out
@@ -285,6 +283,13 @@ def draft_inputs(
     return DraftInputs(target, tokenizer, corpus, p, configs, cache, heldout, seed, drafts,
                        None if work_dir is None else Path(work_dir), cache_key=key)
 
+
+
+def config_over_vocabulary(config: DraftConfig, preset: DraftPreset, draft_vocab_size: int | None) -> DraftConfig:
+    """`config` over `draft_vocab_size` tokens, its Markov W1 indexed by them where `preset` asks and the draft
+    has the head: one rule for what is trained and for what the repository budget expects on disk."""
+    by_draft = preset.markov_w1_rows == "draft" and draft_vocab_size is not None and config.head != "none"
+    return replace(config, draft_vocab_size=draft_vocab_size, markov_w1_rows="draft" if by_draft else "target")
 
 @dataclass
 class TrainedDraft:

@@ -15,6 +15,7 @@ import torch
 from dspark_core.checkpoint import SHARED_WITH_TARGET
 from dspark_core.drafters import build_draft_model, draft_config_for
 from dspark_core.target import TargetModel, default_target_layer_ids
+from recipes.embedded.drafts import config_over_vocabulary
 from recipes.real.build import PRESETS, REAL_DRAFTS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,27 +33,52 @@ def smollm2_shaped_target() -> TargetModel:
         return TargetModel(LlamaForCausalLM(config))
 
 
-def tracked_bytes() -> int:
-    names = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+def tracked_bytes(under: str = "") -> int:
+    """Bytes git tracks (under `under`): what a clone carries, not the build caches beside the drafts."""
+    names = subprocess.run(["git", "ls-files", "-z", "--", under or "."], cwd=REPO, capture_output=True,
+                           check=True).stdout.split(b"\0")
     return sum((REPO / n.decode()).stat().st_size for n in names if n and (REPO / n.decode()).is_file())
 
 
 def test_committed_drafts_fit_the_repository_budget():
-    """The default preset's drafts, as stored (bf16, target embeddings shared), fit beside what is tracked now."""
+    """The default preset's drafts, as stored (bf16, target embeddings shared, Markov W1 over the draft
+    vocabulary where the preset asks), fit beside what is tracked now."""
     target = smollm2_shaped_target()
     p = PRESETS["default"].drafts
     stored = 0
     for d in REAL_DRAFTS:
         config = draft_config_for(target, d.method, mask_token_id=16, head=d.head, num_layers=d.num_layers,
                                   markov_rank=p.markov_rank, block_size=p.block_size,
-                                  num_target_features=p.num_target_features, draft_vocab_size=p.draft_vocab_size)
+                                  num_target_features=p.num_target_features)
+        config = config_over_vocabulary(replace(config, intermediate_size=p.intermediate_size), p, p.draft_vocab_size)
         with torch.device("meta"):
-            model = build_draft_model(replace(config, intermediate_size=p.intermediate_size))
+            model = build_draft_model(config)
         stored += sum(t.numel() * (2 if t.is_floating_point() else t.element_size()) for n, t in model.state_dict().items()
                       if not any(n.endswith(s) for s in SHARED_WITH_TARGET))
-    already = tracked_bytes() - sum(f.stat().st_size for f in (REPO / "models" / "smollm2-135m").rglob("*") if f.is_file()) \
-        if (REPO / "models" / "smollm2-135m").exists() else tracked_bytes()
+    already = tracked_bytes() - tracked_bytes("models/smollm2-135m")
     assert already + stored < REPO_LIMIT, f"{already / 2**20:.1f} MiB tracked + {stored / 2**20:.1f} MiB of drafts"
+
+
+def test_the_budget_estimate_matches_the_committed_drafts():
+    """The estimate above is of what a build writes: the committed drafts' tensors, by name and shape."""
+    from safetensors import safe_open
+
+    target = smollm2_shaped_target()
+    p = PRESETS["default"].drafts
+    for d in REAL_DRAFTS:
+        path = REPO / "models" / "smollm2-135m" / "drafts" / d.name / "model.safetensors"
+        if not path.is_file():
+            pytest.skip(f"{path} is not committed")
+        config = draft_config_for(target, d.method, mask_token_id=16, head=d.head, num_layers=d.num_layers,
+                                  markov_rank=p.markov_rank, block_size=p.block_size,
+                                  num_target_features=p.num_target_features)
+        config = config_over_vocabulary(replace(config, intermediate_size=p.intermediate_size), p, p.draft_vocab_size)
+        with torch.device("meta"):
+            expected = {n: tuple(t.shape) for n, t in build_draft_model(config).state_dict().items()
+                        if not any(n.endswith(s) for s in SHARED_WITH_TARGET)}
+        with safe_open(str(path), "pt") as f:
+            stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+        assert {n: s for n, s in stored.items() if n in expected} == expected, d.name
 
 
 @pytest.mark.slow
