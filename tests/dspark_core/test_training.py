@@ -23,6 +23,7 @@ from dspark_core.training import (
     lr_at,
     make_block_batch,
     sample_anchors,
+    target_rows,
     train_draft,
 )
 from fixtures_training import (
@@ -132,6 +133,20 @@ def test_block_batch_layout():
             assert ctx.tolist() == [p < a_list[m] for p in range(T)]
             own = b.attn_mask[s, q, T:]
             assert own.tolist() == [q2 // B == m for q2 in range(M * B)]
+
+
+def test_target_rows_reads_each_sequence_in_place():
+    """The rows of a padded [S, T, V] gather where a sequence has them; past its end, its last row, which
+    the loss masks (so a loss and its gradient are those of the padded gather, whose zeros it masked too)."""
+    seqs = [_toy_sequence(12, 4, seed=0), _toy_sequence(9, 6, seed=1)]
+    positions = torch.tensor([[[4, 5, 6], [10, 11, 12]], [[7, 8, 9], [6, 7, 8]]])
+    rows = target_rows(seqs, positions)
+    assert rows.shape == (2, 2, 3, seqs[0].logits.shape[-1])
+    for s, seq in enumerate(seqs):
+        for m in range(2):
+            for k in range(3):
+                p = int(positions[s, m, k])
+                assert torch.equal(rows[s, m, k], seq.logits[min(p, seq.num_tokens - 1)])
 
 
 def test_eagle3_unroll_mask():
