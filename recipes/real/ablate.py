@@ -4,14 +4,18 @@
     python -m recipes.real.ablate models/smollm2-135m --methods dspark --layers 1 2 --markov-rank 32 64
     python -m recipes.real.ablate models/smollm2-135m --methods dspark --sequences 256 512
     python -m recipes.real.ablate models/smollm2-135m --methods dspark --markov-rank 256 --w1-rows draft target
+    python -m recipes.real.ablate /tmp/five --methods dspark --target-features 5
 
 Every row trains one draft exactly as the build does (`recipes.embedded.drafts.train_one`: same caches, same
 seed, same preset but for the varied fields: vocabulary, steps, draft layers, Markov rank and W1 rows, training
-sequences)
+sequences, target layers fed to the draft)
 and scores it on the build's held-out cache: held-out loss, α (the analytic T = 1 acceptance per position, what τ
 grows with) and the coverage of a reduced vocabulary. `--sequences N` trains on a seeded random N of the cache's
 answers, the vocabulary still chosen from all of them so that only the training data varies: how α falls with
-half the data estimates what more target answers would buy, without generating them. The target
+half the data estimates what more target answers would buy, without generating them. `--target-features N`
+feeds the drafts N target layers (`default_target_layer_ids`; the build's preset: 3): the caches hold those
+layers' hidden states, so another N needs caches of its own (keyed by the layers, built in OUT_DIR/work, as
+long as a build's) and takes one N per run. The target
 caches are read from OUT_DIR/work where a build (or an earlier ablation) kept them, else built there. A preset
 with a draft vocabulary keeps compact caches (log-probabilities at its draft_vocab_size tokens only), which
 train that vocabulary or a smaller one; `--vocab full` needs a preset without one, and a size the caches cannot
@@ -57,6 +61,7 @@ class AblationRow:
     heldout_confidence: float | None = None  # DSpark's confidence head: its held-out mean σ(c), beside held-out α
     markov_w1_rows: str = "target"  # the trained config's (`DraftConfig.markov_w1_rows`)
     lm_head_dtype: str = "float32"  # the frozen LM head's products while it trained (`TrainConfig.lm_head_dtype`)
+    num_target_features: int | None = None  # target layers fed to the draft (None: recorded before this field)
 
 
 def parse_vocab(value: str) -> int | None:
@@ -77,14 +82,19 @@ def positive_count(value: str) -> int:
 def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None], steps: list[int], preset: str = "default", target: str = "smollm2-135m",
            seed: int = 0, data_dir: str | None = None, num_threads: int = 2, dtype: str = "auto", log=print,
            layers: list[int] | None = None, ranks: list[int] | None = None,
-           sequences: list[int] | None = None, w1_rows: list[str] | None = None) -> list[AblationRow]:
+           sequences: list[int] | None = None, w1_rows: list[str] | None = None,
+           target_features: int | None = None) -> list[AblationRow]:
     """One row per (method, vocabulary, steps, layers, Markov rank, W1 rows, training sequences); `layers` /
-    `ranks` / `w1_rows` / `sequences` None: the preset's (all of the cache's sequences)."""
+    `ranks` / `w1_rows` / `sequences` / `target_features` None: the preset's (all of the cache's sequences)."""
     from inputs import model_refs
 
     out = Path(out_dir)
     torch.set_num_threads(num_threads)
     p = resolved_preset(preset, dtype)
+    if target_features is not None:
+        if target_features < 1:
+            raise ValueError(f"--target-features takes a positive count, not {target_features}")
+        p = replace(p, drafts=replace(p.drafts, num_target_features=target_features))
     specs = {d.name: d for d in REAL_DRAFTS}
     unknown = sorted(set(methods) - set(specs))
     if unknown:
@@ -114,7 +124,8 @@ def ablate(out_dir: str | Path, *, methods: list[str], vocabs: list[int | None],
                 row = AblationRow(name, vocab, n, num_layers, rank, count, trained.vocab_coverage,
                                   float(trained.heldout.total), trained.heldout.ce, trained.heldout.acceptance,
                                   time.perf_counter() - start, seed, trained.heldout_confidence,
-                                  trained.model.config.markov_w1_rows, p.drafts.train.lm_head_dtype)
+                                  trained.model.config.markov_w1_rows, p.drafts.train.lm_head_dtype,
+                                  trained.model.config.num_target_features)
                 rows.append(row)
                 log(format_row(row))
                 with (out / "ablation.jsonl").open("a") as f:
@@ -131,16 +142,16 @@ def training_subset(cache: TargetCache, count: int, seed: int) -> TargetCache:
     return replace(cache, sequences=[cache.sequences[i] for i in keep])
 
 
-HEADER = ("| draft | vocab | steps | layers | rank | W1 rows | sequences | coverage | held-out loss | held-out CE | held-out α "
-          "| held-out σ(c) | train s |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| draft | vocab | steps | layers | rank | W1 rows | features | sequences | coverage | held-out loss | held-out CE "
+          "| held-out α | held-out σ(c) | train s |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def format_row(r: AblationRow) -> str:
     coverage = "1" if r.vocab_coverage is None else f"{r.vocab_coverage:.3f}"
     promised = "–" if r.heldout_confidence is None else f"{r.heldout_confidence:.3f}"
     return (f"| {r.method} | {r.draft_vocab_size or 'full'} | {r.steps} | {r.num_layers} | {r.markov_rank} | {r.markov_w1_rows} | "
-            f"{r.train_sequences} | {coverage} | "
+            f"{r.num_target_features or '–'} | {r.train_sequences} | {coverage} | "
             f"{r.heldout_loss:.3f} | {r.heldout_ce:.3f} | {r.heldout_acceptance:.3f} | {promised} | {r.train_seconds:.0f} |")
 
 
@@ -158,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Markov W1 indexed by every target token or by the draft vocabulary (default: the preset's)")
     parser.add_argument("--sequences", nargs="+", type=positive_count, default=None,
                         help="train on a seeded random N of the training cache's sequences (default: all of them)")
+    parser.add_argument("--target-features", type=positive_count, default=None,
+                        help="target layers fed to the drafts (default: the preset's); needs its own target caches")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--seed", type=int, default=0)
@@ -172,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         ablate(args.out_dir, methods=args.methods, vocabs=vocabs, steps=steps, preset=args.preset, target=args.target,
                seed=args.seed, data_dir=args.data_dir, num_threads=args.threads, dtype=args.dtype,
                log=lambda line: print(line, flush=True), layers=args.layers, ranks=args.markov_rank,
-               sequences=args.sequences, w1_rows=args.w1_rows)
+               sequences=args.sequences, w1_rows=args.w1_rows, target_features=args.target_features)
     except ValueError as e:  # a vocabulary the caches cannot train, an unknown draft: one line, not a traceback
         parser.error(str(e))
     return 0

@@ -184,9 +184,16 @@ def test_reduced_rebuild_writes_loadable_drafts_and_a_card(tmp_path, monkeypatch
         assert [r.train_sequences for r in fewer] == [size // 2, size] and fewer[0].vocab_coverage == rows[0].vocab_coverage
         assert fewer[0].heldout_ce != pytest.approx(rows[0].heldout_ce)
         assert fewer[1].heldout_acceptance == pytest.approx(rows[0].heldout_acceptance, abs=1e-6)  # all of them: the build's
+        # Another count of target layers fed to the draft: caches of its own beside the build's, another draft.
+        more = reduced.num_target_features + 1
+        fed = ablate(out, methods=["dspark"], vocabs=[reduced.draft_vocab_size], steps=[reduced.train.steps],
+                     preset="reduced", num_threads=1, data_dir=str(data_dir), log=lambda _: None, target_features=more)
+        assert rows[0].num_target_features == reduced.num_target_features and fed[0].num_target_features == more
+        assert fed[0].heldout_ce != pytest.approx(rows[0].heldout_ce)
+        assert len(list((out / "work").glob("target-cache-train-*.pt"))) == 2  # the build's caches kept, not replaced
     finally:
         torch.set_num_threads(threads)
-    assert len((out / "ablation.jsonl").read_text().splitlines()) == 5
+    assert len((out / "ablation.jsonl").read_text().splitlines()) == 6
 
 
 def test_ablation_command_reads_vocabularies_and_refuses_unknown_ones(capsys):
@@ -205,3 +212,6 @@ def test_ablation_command_reads_vocabularies_and_refuses_unknown_ones(capsys):
     with pytest.raises(SystemExit):
         main(["/nonexistent", "--sequences", "0"])
     assert "argument --sequences: takes a positive count, not '0'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["/nonexistent", "--target-features", "0"])
+    assert "argument --target-features: takes a positive count, not '0'" in capsys.readouterr().err

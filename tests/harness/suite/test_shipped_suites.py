@@ -78,3 +78,6 @@ def test_the_smollm2_suite_shows_every_drafter_and_policy_at_low_and_high_load()
         assert {c.drafter.method for c in cells if c.concurrency == concurrency} == {
             "none", "dspark", "dflash", "eagle3", "ngram"}
     assert all(c.task.n_samples >= c.concurrency for c in cells)  # the burst reaches its concurrency
+    # the cost-aware policy on every task at concurrency 1: whether it holds plain decoding where γ 7 loses
+    assert {c.task.name for c in cells if c.policy.name == "adaptive" and c.concurrency == 1} == {
+        "gsm8k", "humaneval", "mt_bench"}
