@@ -13,7 +13,9 @@ of passing or failing it on noise. Checks, on the candidate run:
 
 Per round (`round_problems`, from the store's `v_rounds`): every recorded round of a cell is validated
 before anything aggregates it — no request in the window, truncated (fewer requests than the cell's
-fullest round), every output one token long, acceptance length below 1.01 although drafts were verified.
+fullest round), every output one token long, acceptance length below 1.01 although drafts were verified
+over enough drafting steps to call the drafter broken (`MIN_DRAFTING_STEPS_TO_JUDGE`, in the round or in all
+of the cell's rounds together).
 A cell with such a round is `invalid` in the gate (every rule) and in the run summary's speedups, never
 averaged in; failed rounds are failed cells (above).
 """

@@ -61,8 +61,18 @@ DRIFT_BOUND = 0.25  # the plain baseline may move 25% (max ÷ min − 1) across 
 SANDWICH_BOUND = 0.10
 CONFIDENCE = 0.95
 # A round of a speculative cell is invalid when drafts were verified and its acceptance length stays
-# below this: nothing was accepted, so the drafter or verifier is broken, not slow (`v_rounds`).
+# below this: nothing was accepted, so the drafter or verifier is broken, not slow (`v_rounds`) ...
 MIN_ACCEPTANCE_LENGTH = 1.01
+# ... over enough drafting steps to say so. A working drafter accepts its first draft at a rate of at least
+# WORKING_ACCEPTANCE (the weakest trained here, DFlash on MT-Bench: α₁ 0.26), so nothing accepted in n drafting
+# steps has probability (1 − WORKING_ACCEPTANCE)^n, below FALSE_ALARM from the count below on (44). Fewer steps
+# are no evidence: a cost-aware policy drafts only a few exploring steps where drafting does not pay, and the
+# main job's adaptive HumanEval cell once verified 9 in a round with none accepted (P ≈ 0.03 at α₁ 0.33), which
+# the bare threshold called a broken drafter. Rounds too short to judge alone are judged together: every round
+# of a cell is invalid when all of its rounds' drafting steps together are enough and accepted nothing.
+WORKING_ACCEPTANCE = 0.1
+FALSE_ALARM = 0.01
+MIN_DRAFTING_STEPS_TO_JUDGE = math.ceil(math.log(FALSE_ALARM) / math.log(1 - WORKING_ACCEPTANCE))
 METHOD = "median of per-round ratios over a plain sandwich; sign-test interval"
 NO_CLOSING_PASS = "no closing plain pass"
 

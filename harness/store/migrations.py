@@ -136,6 +136,9 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         # σ(c_j / T_j + b_j); NULL: none (STS alone, b_j = 0), and every row before v8
         "ALTER TABLE cells ADD COLUMN sts_offsets JSON",
     ]),
+    # views only: a round that accepted nothing is invalid over MIN_DRAFTING_STEPS_TO_JUDGE drafting steps, its
+    # own or its cell's rounds' together (harness.metrics.speedup), not over any count
+    (9, "v_rounds: nothing accepted judged over enough drafting steps, a round's or its cell's", []),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -89,6 +89,7 @@ from harness.metrics.speedup import (
     CONFIDENCE,
     DRIFT_BOUND,
     MIN_ACCEPTANCE_LENGTH,
+    MIN_DRAFTING_STEPS_TO_JUDGE,
     SANDWICH_BOUND,
     sign_coverage,
     sign_interval_index,
@@ -269,7 +270,9 @@ VIEWS: dict[str, str] = {
             SELECT c.run_id, c.cell_id, c.repeat, c.label, c.method, c.status, c.round_slot,
                    coalesce(q.requests, 0) AS requests, q.max_output_tokens,
                    max(coalesce(q.requests, 0)) OVER (PARTITION BY c.run_id, c.cell_id) AS most_requests,
-                   a.acceptance_length, a.drafts_verified
+                   a.acceptance_length, a.drafts_verified, a.drafting_steps,
+                   sum(a.drafting_steps) OVER (PARTITION BY c.run_id, c.cell_id) AS cell_drafting_steps,
+                   sum(a.drafts_accepted) OVER (PARTITION BY c.run_id, c.cell_id) AS cell_drafts_accepted
             FROM cells c LEFT JOIN q USING ({_CELL_KEY}) LEFT JOIN v_acceptance a USING ({_CELL_KEY})
         )
         SELECT run_id, cell_id, repeat, label, method, status, round_slot, requests, max_output_tokens,
@@ -282,7 +285,14 @@ VIEWS: dict[str, str] = {
                    CASE WHEN status = 'ok' AND max_output_tokens <= 1 THEN 'every output is one token long' END,
                    CASE WHEN status = 'ok' AND method <> 'none' AND drafts_verified > 0
                          AND acceptance_length < {MIN_ACCEPTANCE_LENGTH}
-                        THEN 'acceptance length ' || round(acceptance_length, 3) || ' ≈ 1 with drafts verified' END
+                         AND drafting_steps >= {MIN_DRAFTING_STEPS_TO_JUDGE}
+                        THEN 'acceptance length ' || round(acceptance_length, 3) || ' ≈ 1 with drafts verified ('
+                             || drafting_steps || ' drafting steps)'
+                        WHEN status = 'ok' AND method <> 'none' AND drafts_verified > 0
+                         AND cell_drafting_steps >= {MIN_DRAFTING_STEPS_TO_JUDGE}
+                         AND 1 + cell_drafts_accepted / cell_drafting_steps < {MIN_ACCEPTANCE_LENGTH}
+                        THEN 'acceptance length ≈ 1 over every round (' || cell_drafting_steps
+                             || ' drafting steps, ' || cell_drafts_accepted || ' accepted)' END
                ), '') AS problems
         FROM checked
     """,

@@ -10,6 +10,7 @@ import datetime as dt
 import pytest
 
 from harness.gate import GateRule, Validity, run_gate
+from harness.metrics.speedup import MIN_DRAFTING_STEPS_TO_JUDGE
 from harness.runner import paired_speedups
 from harness.store import Store
 from store_fixtures import make_cell, make_result, run_info
@@ -148,6 +149,32 @@ def test_a_bad_round_makes_the_cell_invalid_in_the_summary_and_the_gate(doctor, 
     flagged = [c for c in report.comparisons if c.cell_id == SPEC.cell_id]
     assert flagged and all(c.verdict == "invalid" and "round 1" in c.reason for c in flagged)
     assert all(c.verdict != "invalid" for c in report.comparisons if c.cell_id != SPEC.cell_id)
+
+
+def test_nothing_accepted_is_judged_only_over_enough_drafting_steps():
+    """A round that drafted a few steps and accepted none is no evidence of a broken drafter (a cost-aware
+    policy explores a few steps where drafting does not pay); the same over every round, once their steps
+    together are enough, is."""
+    store, run_id = recorded()
+    keep = MIN_DRAFTING_STEPS_TO_JUDGE - 1  # round 1 keeps this many drafting steps, none accepted
+    store.con.execute("""
+        UPDATE request_steps SET num_verified = 0, num_accepted = 0 WHERE cell_id = $cell AND repeat = 1
+          AND (request_id, step) NOT IN (SELECT request_id, step FROM request_steps
+                                         WHERE cell_id = $cell AND repeat = 1 AND num_verified > 0
+                                         ORDER BY request_id, step LIMIT $keep)""", {"cell": SPEC.cell_id, "keep": keep})
+    store.con.execute("UPDATE request_steps SET num_accepted = 0 WHERE cell_id = ? AND repeat = 1", [SPEC.cell_id])
+    _, rows = store.query("SELECT drafting_steps, acceptance_length FROM v_acceptance WHERE cell_id = ? AND repeat = 1",
+                          [SPEC.cell_id])
+    assert 0 < rows[0][0] < MIN_DRAFTING_STEPS_TO_JUDGE and rows[0][1] == 1.0  # (steps in the window only)
+    _, rows = store.query("SELECT problems FROM v_rounds WHERE cell_id = ?", [SPEC.cell_id])
+    assert all(r[0] is None for r in rows)
+    assert summary_rows(store, run_id)[SPEC.cell_id]["status"] != "invalid"
+    # Nothing accepted in any round: the rounds' steps together judge every round.
+    store.con.execute("UPDATE request_steps SET num_accepted = 0 WHERE cell_id = ?", [SPEC.cell_id])
+    _, rows = store.query("SELECT problems FROM v_rounds WHERE cell_id = ? ORDER BY repeat", [SPEC.cell_id])
+    assert [r[0] is not None for r in rows] == [True, True, True]
+    assert "≈ 1 with drafts verified" in rows[0][0] and "≈ 1 over every round" in rows[1][0]
+    assert summary_rows(store, run_id)[SPEC.cell_id]["status"] == "invalid"
 
 
 def test_a_missing_round_is_invalid_and_a_drifting_baseline_unstable():
