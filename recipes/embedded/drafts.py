@@ -284,12 +284,12 @@ def draft_inputs(
                        None if work_dir is None else Path(work_dir), cache_key=key)
 
 
-
 def config_over_vocabulary(config: DraftConfig, preset: DraftPreset, draft_vocab_size: int | None) -> DraftConfig:
     """`config` over `draft_vocab_size` tokens, its Markov W1 indexed by them where `preset` asks and the draft
     has the head: one rule for what is trained and for what the repository budget expects on disk."""
     by_draft = preset.markov_w1_rows == "draft" and draft_vocab_size is not None and config.head != "none"
     return replace(config, draft_vocab_size=draft_vocab_size, markov_w1_rows="draft" if by_draft else "target")
+
 
 @dataclass
 class TrainedDraft:
